@@ -1,0 +1,361 @@
+"""Decisions (SPEC §5, §6): functions of (state, input, now) that return new events.
+
+Nothing here reads a clock, touches I/O or holds globals: ``now`` and new
+attempt ids are passed in as data. Every function returns an ``Outcome`` whose
+``state`` is ``fold(state, events)`` computed with the one ``apply``; the
+caller records ``events`` and then raises ``error`` if there is one (so a
+refusal is on the record before the caller hears about it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tracker.core.events import (
+    CompactionCommitted,
+    CompactionRejected,
+    CompactionStarted,
+    ContextLimitReached,
+    ContextMeasured,
+    CountFailed,
+    DomainEvent,
+    MeasurementRefused,
+    SessionStarted,
+)
+from tracker.core.model import Basis, Measurement, is_int, occupancy_bp
+from tracker.core.policy import Policy
+from tracker.core.state import Attempt, SessionState, apply, episode_after
+from tracker.core.thresholds import Levels, growth_fired, history_budget, levels, resolve_threshold
+from tracker.errors import (
+    AttemptNotOpen,
+    ContextLimitError,
+    CountError,
+    InvalidInput,
+    ManualAttemptOpen,
+    NotAttemptHolder,
+    QualityMismatch,
+    StaleBasis,
+    SummaryTooLarge,
+    TrackerError,
+    UnknownAttempt,
+)
+
+PRESSURES = ("normal", "compact", "hard_limit")
+ACTIONS = ("proceed", "compact", "wait", "context_limit")
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: str
+    pressure: str
+    pressure_before: str
+    occupancy_bp: int
+    threshold_bp: int
+    threshold_source: str
+    compact_level: int
+    rearm_level: int
+    hard_level: int
+    growth_fired: bool
+    trigger: str | None
+    basis: str
+    revision: int
+    attempt: Attempt | None = None  # the attempt opened for this caller (action == compact)
+    waiting_on: Attempt | None = None  # the open automatic attempt (action == wait)
+
+    def to_data(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        d["attempt"] = self.attempt.to_data() if self.attempt else None
+        d["waiting_on"] = self.waiting_on.to_data() if self.waiting_on else None
+        return d
+
+
+@dataclass(frozen=True)
+class Outcome:
+    events: tuple[DomainEvent, ...]
+    state: SessionState
+    decision: Decision | None = None
+    attempt: Attempt | None = None  # for manual / commit / reject: the attempt acted on
+    error: TrackerError | None = None  # raise after recording the events
+
+
+def _outcome(state: SessionState, events: list[DomainEvent], **kw: Any) -> Outcome:
+    s = state
+    for e in events:
+        s = apply(s, e)
+    return Outcome(events=tuple(events), state=s, **kw)
+
+
+def _begin(state: SessionState, policy: Policy, now: float) -> tuple[SessionState, list[DomainEvent], Policy]:
+    """Start the session if it is new, then expire overdue attempts. Returns the state after those."""
+    events: list[DomainEvent] = []
+    if not state.started:
+        events.append(SessionStarted(policy=policy.to_data(), at=now))
+    s = state
+    for e in events:
+        s = apply(s, e)
+    lease_events = expire_leases(s, now)
+    for e in lease_events:
+        s = apply(s, e)
+    assert s.policy is not None
+    return s, events + lease_events, s.policy
+
+
+def expire_leases(state: SessionState, now: float) -> list[DomainEvent]:
+    """SPEC §6 Lease: attempts open past their lease are rejected as ``lease_expired``."""
+    return [
+        CompactionRejected(
+            attempt_id=a.attempt_id, reason=a.reason, basis=a.basis, reject_reason="lease_expired",
+            duration_ms=_ms(now - a.opened_at), at=now,
+        )
+        for a in state.open_attempts
+        if now >= a.lease_expires_at
+    ]
+
+
+def _ms(seconds: float) -> int:
+    return max(0, int(round(seconds * 1000)))
+
+
+def _pressure(policy: Policy, before: str, used: int, lv: Levels) -> str:
+    """SPEC §5, rules in order."""
+    if used >= lv.hard:
+        return "hard_limit"
+    if not policy.automatic:
+        return "normal"
+    if before in ("compact", "hard_limit") and used >= lv.rearm:
+        return "compact"
+    if used >= lv.compact:
+        return "compact"
+    return "normal"
+
+
+def decide_measure(
+    state: SessionState,
+    default_policy: Policy,
+    measurement: Measurement,
+    *,
+    now: float,
+    new_attempt_id: str,
+    compaction_threshold: Any = None,
+    scope: Any = None,
+    scope_confidence: Any = None,
+    overhead_tokens: Any = None,
+) -> Outcome:
+    """One accepted measurement → exactly one action (SPEC §6)."""
+    # Bad input first: nothing is recorded for it.
+    policy_now = state.policy or default_policy
+    threshold = resolve_threshold(
+        policy_now.compact_at_bp, policy_now.rearm_below_bp, compaction_threshold, scope, scope_confidence
+    )
+    overhead = _overhead(overhead_tokens)
+    basis = measurement.basis
+    if basis.revision > state.revision:
+        raise InvalidInput(
+            "basis.revision", f"r{basis.revision} is ahead of the session's revision r{state.revision}"
+        )
+
+    s, events, policy = _begin(state, default_policy, now)
+
+    if basis.revision < s.revision:
+        events.append(MeasurementRefused(kind="stale_basis", basis=str(basis), current_revision=s.revision, at=now))
+        return _outcome(state, events, error=StaleBasis(
+            f"basis {basis} is older than the session's revision r{s.revision}",
+            basis=str(basis), current_revision=s.revision,
+        ))
+    if not policy.allows_quality(measurement.quality):
+        err = QualityMismatch(
+            f"quality {measurement.quality} is not allowed by counter_policy {policy.counter_policy}",
+            quality=measurement.quality, counter_policy=policy.counter_policy,
+        )
+        events.append(CountFailed(kind=err.kind, model=measurement.model.name, detail=err.message, duration_ms=0,
+                                  basis=str(basis), at=now))
+        return _outcome(state, events, error=err)
+
+    used, L = measurement.input_tokens, measurement.input_limit
+    lv = levels(threshold, L)
+    occ = occupancy_bp(used, L)
+    before = s.pressure
+    pressure = _pressure(policy, before, used, lv)
+    prev = (s.last.input_tokens, s.last.input_limit) if s.last and s.last.revision == basis.revision else None
+    grew = growth_fired(policy.turn_delta, used, L, prev)
+
+    episode = episode_after(pressure, s.episode_automatic)
+    open_auto = s.open_automatic
+    eligible = (
+        policy.automatic
+        and (pressure in ("compact", "hard_limit") or grew)
+        and str(basis) not in s.exhausted
+        and open_auto is None
+        and episode < policy.max_automatic_per_episode
+    )
+    trigger: str | None = None
+    if eligible:
+        action = "compact"
+        trigger = {"hard_limit": "hard_limit", "compact": "threshold"}.get(pressure, "growth")
+    elif pressure == "hard_limit" and open_auto is not None:
+        action = "wait"
+    elif pressure == "hard_limit":
+        action = "context_limit"
+    else:
+        action = "proceed"
+
+    events.append(ContextMeasured(
+        measurement=measurement.to_data(), occupancy_bp=occ, pressure_before=before, pressure=pressure,
+        threshold_bp=threshold.bp, threshold_source=threshold.source, compact_level=lv.compact,
+        rearm_level=lv.rearm, hard_level=lv.hard, growth_fired=grew, action=action, trigger=trigger, at=now,
+    ))
+    opened: Attempt | None = None
+    error: TrackerError | None = None
+    if action == "compact":
+        started = CompactionStarted(
+            attempt_id=new_attempt_id, reason="automatic", trigger=trigger or "threshold", basis=str(basis),
+            fencing_token=s.attempts_opened + 1, opened_at=now, lease_expires_at=now + policy.attempt_lease_s,
+            tokens_before=used, input_limit=L,
+            history_budget=history_budget(L, overhead, threshold.bp, policy.compact_at_bp),
+        )
+        events.append(started)
+        opened = Attempt.from_started(started)
+    elif action == "context_limit":
+        events.append(ContextLimitReached(basis=str(basis), input_tokens=used, input_limit=L, at=now))
+        error = ContextLimitError(
+            f"{used} tokens reach the input limit {L} and no automatic compaction is eligible for basis {basis}",
+            basis=str(basis), input_tokens=used, input_limit=L,
+        )
+    decision = Decision(
+        action=action, pressure=pressure, pressure_before=before, occupancy_bp=occ, threshold_bp=threshold.bp,
+        threshold_source=threshold.source, compact_level=lv.compact, rearm_level=lv.rearm, hard_level=lv.hard,
+        growth_fired=grew, trigger=trigger, basis=str(basis), revision=basis.revision, attempt=opened,
+        waiting_on=open_auto if action == "wait" else None,
+    )
+    return _outcome(state, events, decision=decision, error=error)
+
+
+def decide_count_failed(
+    state: SessionState,
+    default_policy: Policy,
+    error: CountError,
+    *,
+    model: str,
+    duration_ms: int,
+    now: float,
+    basis: Basis | None = None,
+) -> Outcome:
+    """A count failure is recorded and never decides anything with a guessed number."""
+    s, events, _ = _begin(state, default_policy, now)
+    events.append(CountFailed(kind=error.kind, model=model, detail=error.message, duration_ms=max(0, int(duration_ms)),
+                              basis=str(basis) if basis else None, at=now))
+    return _outcome(state, events, error=error)
+
+
+def decide_manual(
+    state: SessionState,
+    default_policy: Policy,
+    *,
+    now: float,
+    new_attempt_id: str,
+    basis: Basis | None = None,
+    overhead_tokens: Any = None,
+) -> Outcome:
+    """A manual attempt opens regardless of pressure; at most one manual attempt is open at a time."""
+    overhead = _overhead(overhead_tokens)
+    if basis is not None and basis.revision != state.revision and state.started:
+        raise InvalidInput("basis.revision", f"must be the session's revision r{state.revision}, got r{basis.revision}")
+    s, events, policy = _begin(state, default_policy, now)
+    if s.open_manual is not None:
+        return _outcome(state, events, error=ManualAttemptOpen(
+            f"manual attempt {s.open_manual.attempt_id} is already open", attempt_id=s.open_manual.attempt_id,
+        ))
+    last = s.last if s.last and s.last.revision == s.revision else None
+    b = str(basis) if basis else (last.basis if last else f"r{s.revision}:manual")
+    L = last.input_limit if last else None
+    budget = None
+    if L is not None:
+        budget = history_budget(L, overhead, policy.compact_at_bp, policy.compact_at_bp)
+    started = CompactionStarted(
+        attempt_id=new_attempt_id, reason="manual", trigger="manual", basis=b, fencing_token=s.attempts_opened + 1,
+        opened_at=now, lease_expires_at=now + policy.attempt_lease_s,
+        tokens_before=last.input_tokens if last else None, input_limit=L, history_budget=budget,
+    )
+    events.append(started)
+    return _outcome(state, events, attempt=Attempt.from_started(started))
+
+
+def _holder(s: SessionState, attempt_id: Any, fencing_token: Any) -> Attempt | TrackerError:
+    if not isinstance(attempt_id, str) or not attempt_id:
+        raise InvalidInput("attempt_id", f"must be a non-empty string, got {attempt_id!r}")
+    if not is_int(fencing_token):
+        raise InvalidInput("fencing_token", f"must be an integer, got {fencing_token!r}")
+    attempt = s.find_open(attempt_id)
+    if attempt is None:
+        outcome = s.outcome_of(attempt_id)
+        if outcome is not None:
+            return AttemptNotOpen(f"attempt {attempt_id} already ended ({outcome})", attempt_id=attempt_id, outcome=outcome)
+        return UnknownAttempt(f"no open attempt {attempt_id} in session {s.session_id}", attempt_id=attempt_id)
+    if attempt.fencing_token != fencing_token:
+        return NotAttemptHolder(
+            f"fencing token {fencing_token} does not hold attempt {attempt_id}", attempt_id=attempt_id,
+        )
+    return attempt
+
+
+def decide_commit(
+    state: SessionState, *, attempt_id: Any, fencing_token: Any, tokens_after: Any, now: float
+) -> Outcome:
+    """Only the holder may commit. ``tokens_after >= input_limit`` is recorded as ``summary_too_large``."""
+    if not is_int(tokens_after) or tokens_after < 0:
+        raise InvalidInput("tokens_after", f"must be an integer >= 0, got {tokens_after!r}")
+    if not state.started:
+        raise UnknownAttempt(f"session {state.session_id} has no attempts", attempt_id=attempt_id)
+    events = expire_leases(state, now)
+    s = state
+    for e in events:
+        s = apply(s, e)
+    held = _holder(s, attempt_id, fencing_token)
+    if isinstance(held, TrackerError):
+        return _outcome(state, events, error=held)
+    a = held
+    duration = _ms(now - a.opened_at)
+    if a.input_limit is not None and tokens_after >= a.input_limit:
+        events.append(CompactionRejected(attempt_id=a.attempt_id, reason=a.reason, basis=a.basis,
+                                         reject_reason="summary_too_large", duration_ms=duration, at=now))
+        return _outcome(state, events, attempt=a, error=SummaryTooLarge(
+            f"tokens_after {tokens_after} >= input_limit {a.input_limit}; recorded as a rejection",
+            attempt_id=a.attempt_id, tokens_after=tokens_after, input_limit=a.input_limit,
+        ))
+    events.append(CompactionCommitted(attempt_id=a.attempt_id, reason=a.reason, basis=a.basis,
+                                      new_revision=s.revision + 1, tokens_before=a.tokens_before,
+                                      tokens_after=tokens_after, duration_ms=duration, at=now))
+    # Any other attempt open on the old history can no longer apply: it is superseded.
+    for other in s.open_attempts:
+        if other.attempt_id != a.attempt_id:
+            events.append(CompactionRejected(attempt_id=other.attempt_id, reason=other.reason, basis=other.basis,
+                                             reject_reason="superseded", duration_ms=_ms(now - other.opened_at), at=now))
+    return _outcome(state, events, attempt=a)
+
+
+def decide_reject(
+    state: SessionState, *, attempt_id: Any, fencing_token: Any, reject_reason: Any, now: float
+) -> Outcome:
+    if not isinstance(reject_reason, str) or not reject_reason.strip() or len(reject_reason) > 200:
+        raise InvalidInput("reject_reason", f"must be a non-empty string of at most 200 characters, got {reject_reason!r}")
+    if not state.started:
+        raise UnknownAttempt(f"session {state.session_id} has no attempts", attempt_id=attempt_id)
+    events = expire_leases(state, now)
+    s = state
+    for e in events:
+        s = apply(s, e)
+    held = _holder(s, attempt_id, fencing_token)
+    if isinstance(held, TrackerError):
+        return _outcome(state, events, error=held)
+    events.append(CompactionRejected(attempt_id=held.attempt_id, reason=held.reason, basis=held.basis,
+                                     reject_reason=reject_reason, duration_ms=_ms(now - held.opened_at), at=now))
+    return _outcome(state, events, attempt=held)
+
+
+def _overhead(value: Any) -> int:
+    if value is None:
+        return 0
+    if not is_int(value) or value < 0:
+        raise InvalidInput("overhead_tokens", f"must be an integer >= 0, got {value!r}")
+    return value

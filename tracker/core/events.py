@@ -1,0 +1,151 @@
+"""The domain events of SPEC §8 as typed, versioned records.
+
+Each event class has a ``TYPE`` (the name stored in the log) and a ``SCHEMA``
+version. ``to_data()`` gives the JSON object stored in the event's ``data``
+column (with ``"v": SCHEMA``); ``event_from_data(type, data)`` turns a stored
+event back into its class, upcasting older schema versions when there are any.
+Unknown fields from newer writers are ignored, so old readers keep working.
+"""
+
+from __future__ import annotations
+
+from dataclasses import MISSING, asdict, dataclass, fields
+from typing import Any, ClassVar
+
+from tracker.errors import InvalidInput
+
+
+@dataclass(frozen=True)
+class DomainEvent:
+    TYPE: ClassVar[str] = ""
+    SCHEMA: ClassVar[int] = 1
+
+    def to_data(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["v"] = self.SCHEMA
+        return data
+
+    @classmethod
+    def from_data(cls, data: dict[str, Any]) -> "DomainEvent":
+        names = {f.name for f in fields(cls)}
+        missing = [f.name for f in fields(cls) if f.name not in data and f.default is MISSING and f.default_factory is MISSING]
+        if missing:
+            raise InvalidInput(f"{cls.TYPE}.{missing[0]}", "missing from event data")
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+@dataclass(frozen=True)
+class SessionStarted(DomainEvent):
+    TYPE: ClassVar[str] = "SessionStarted"
+    policy: dict[str, Any]
+    at: float = 0.0
+
+
+@dataclass(frozen=True)
+class ContextMeasured(DomainEvent):
+    TYPE: ClassVar[str] = "ContextMeasured"
+    measurement: dict[str, Any]
+    occupancy_bp: int
+    pressure_before: str
+    pressure: str
+    threshold_bp: int
+    threshold_source: str
+    compact_level: int
+    rearm_level: int
+    hard_level: int
+    growth_fired: bool
+    action: str
+    trigger: str | None = None
+    at: float = 0.0
+
+
+@dataclass(frozen=True)
+class CountFailed(DomainEvent):
+    TYPE: ClassVar[str] = "CountFailed"
+    kind: str
+    model: str
+    detail: str
+    duration_ms: int
+    basis: str | None = None
+    at: float = 0.0
+
+
+@dataclass(frozen=True)
+class MeasurementRefused(DomainEvent):
+    """A measurement refused before deciding (today: a stale basis)."""
+
+    TYPE: ClassVar[str] = "MeasurementRefused"
+    kind: str
+    basis: str
+    current_revision: int
+    at: float = 0.0
+
+
+@dataclass(frozen=True)
+class CompactionStarted(DomainEvent):
+    TYPE: ClassVar[str] = "CompactionStarted"
+    attempt_id: str
+    reason: str  # automatic | manual
+    trigger: str  # threshold | hard_limit | growth | manual
+    basis: str
+    fencing_token: int
+    opened_at: float
+    lease_expires_at: float
+    tokens_before: int | None
+    input_limit: int | None
+    history_budget: int | None
+
+
+@dataclass(frozen=True)
+class CompactionCommitted(DomainEvent):
+    TYPE: ClassVar[str] = "CompactionCommitted"
+    attempt_id: str
+    reason: str
+    basis: str
+    new_revision: int
+    tokens_before: int | None
+    tokens_after: int
+    duration_ms: int
+    at: float = 0.0
+
+
+@dataclass(frozen=True)
+class CompactionRejected(DomainEvent):
+    TYPE: ClassVar[str] = "CompactionRejected"
+    attempt_id: str
+    reason: str
+    basis: str
+    reject_reason: str
+    duration_ms: int
+    at: float = 0.0
+
+
+@dataclass(frozen=True)
+class ContextLimitReached(DomainEvent):
+    TYPE: ClassVar[str] = "ContextLimitReached"
+    basis: str
+    input_tokens: int
+    input_limit: int
+    at: float = 0.0
+
+
+EVENT_TYPES: dict[str, type[DomainEvent]] = {
+    cls.TYPE: cls
+    for cls in (
+        SessionStarted,
+        ContextMeasured,
+        CountFailed,
+        MeasurementRefused,
+        CompactionStarted,
+        CompactionCommitted,
+        CompactionRejected,
+        ContextLimitReached,
+    )
+}
+
+
+def event_from_data(type_: str, data: dict[str, Any]) -> DomainEvent:
+    cls = EVENT_TYPES.get(type_)
+    if cls is None:
+        raise InvalidInput("type", f"unknown event type {type_!r}")
+    return cls.from_data(data)

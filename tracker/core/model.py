@@ -1,0 +1,187 @@
+"""Value types of the decision core: session ids, bases, measurements, input limits.
+
+Pure: no I/O, no clock, no globals beyond constants.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from tracker.errors import ContextLimitUnknown, InvalidInput, InvalidSessionId, MalformedMeasurement
+
+FULL_SCALE_BP = 10_000
+WINDOW_CEILING = 300_000
+HISTORY_SAFETY_FACTOR_PCT = 95  # HISTORY_SAFETY_FACTOR = 0.95, kept as an integer percentage
+HISTORY_SAFETY_FACTOR = HISTORY_SAFETY_FACTOR_PCT / 100
+MIN_SCOPE_CONFIDENCE = 0.5
+
+QUALITIES = ("exact_provider", "exact_local", "heuristic_estimate")
+EXACT_QUALITIES = frozenset({"exact_provider", "exact_local"})
+
+_SESSION_ID = re.compile(r"^[A-Za-z0-9._:-]{1,200}$")
+_SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
+
+
+def check_session_id(session_id: Any) -> str:
+    if not isinstance(session_id, str):
+        raise InvalidSessionId(f"must be a string, got {type(session_id).__name__}")
+    if not _SESSION_ID.match(session_id):
+        raise InvalidSessionId(
+            "must be 1-200 characters of [A-Za-z0-9._:-], got " + repr(session_id[:40] + ("…" if len(session_id) > 40 else ""))
+        )
+    return session_id
+
+
+def is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True, order=True)
+class Basis:
+    """What a count was computed over: compaction generation + last history item included."""
+
+    revision: int
+    through: str
+
+    def __post_init__(self) -> None:
+        if not is_int(self.revision) or self.revision < 1:
+            raise InvalidInput("basis.revision", f"must be an integer >= 1, got {self.revision!r}")
+        if not isinstance(self.through, str) or not self.through or len(self.through) > 200:
+            raise InvalidInput("basis.through", f"must be a non-empty string of at most 200 characters, got {self.through!r}")
+
+    def __str__(self) -> str:
+        return f"r{self.revision}:{self.through}"
+
+    @classmethod
+    def parse(cls, text: Any, current_revision: int = 1) -> "Basis":
+        """``r<revision>:<through>``, or a bare ``through`` at ``current_revision``."""
+        if isinstance(text, Basis):
+            return text
+        if isinstance(text, dict):
+            return cls(text.get("revision"), text.get("through"))  # type: ignore[arg-type]
+        if not isinstance(text, str) or not text:
+            raise InvalidInput("basis", f"must be a non-empty string like 'r2:msg-41', got {text!r}")
+        m = re.match(r"^r(\d+):(.+)$", text)
+        if m:
+            return cls(int(m.group(1)), m.group(2))
+        return cls(current_revision, text)
+
+    def to_data(self) -> str:
+        return str(self)
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    provider: str
+    name: str
+
+    def to_data(self) -> dict[str, str]:
+        return {"provider": self.provider, "name": self.name}
+
+    @classmethod
+    def from_data(cls, data: Any) -> "ModelRef":
+        if isinstance(data, ModelRef):
+            return data
+        if isinstance(data, str):
+            provider, _, name = data.rpartition("/")
+            return cls(provider or "unknown", name)
+        if not isinstance(data, dict) or not isinstance(data.get("name"), str):
+            raise MalformedMeasurement("must be {'provider': ..., 'name': ...}", field="model")
+        return cls(str(data.get("provider") or "unknown"), data["name"])
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One count of one complete request (SPEC §2)."""
+
+    basis: Basis
+    model: ModelRef
+    fingerprint: str
+    input_tokens: int
+    input_limit: int
+    quality: str
+
+    def __post_init__(self) -> None:
+        validate_measurement_fields(self.input_tokens, self.input_limit, self.quality, self.fingerprint)
+
+    def to_data(self) -> dict[str, Any]:
+        return {
+            "basis": str(self.basis),
+            "model": self.model.to_data(),
+            "fingerprint": self.fingerprint,
+            "input_tokens": self.input_tokens,
+            "input_limit": self.input_limit,
+            "quality": self.quality,
+        }
+
+    @classmethod
+    def from_data(cls, data: Any, current_revision: int = 1) -> "Measurement":
+        if not isinstance(data, dict):
+            raise MalformedMeasurement("must be an object", field="measurement")
+        for key in ("basis", "input_tokens", "input_limit"):
+            if key not in data:
+                raise MalformedMeasurement("missing", field=key)
+        return cls(
+            basis=Basis.parse(data["basis"], current_revision),
+            model=ModelRef.from_data(data.get("model", {"provider": "unknown", "name": "unknown"})),
+            fingerprint=data.get("fingerprint", "0" * 64),
+            input_tokens=data["input_tokens"],
+            input_limit=data["input_limit"],
+            quality=data.get("quality", "exact_local"),
+        )
+
+
+def validate_measurement_fields(input_tokens: Any, input_limit: Any, quality: Any, fingerprint: Any) -> None:
+    if not is_int(input_tokens) or input_tokens < 0:
+        raise MalformedMeasurement(f"must be an integer >= 0, got {input_tokens!r}", field="input_tokens")
+    if not is_int(input_limit) or input_limit <= 0:
+        raise MalformedMeasurement(f"must be an integer > 0, got {input_limit!r}", field="input_limit")
+    if quality not in QUALITIES:
+        raise MalformedMeasurement(f"must be one of {', '.join(QUALITIES)}, got {quality!r}", field="quality")
+    if not isinstance(fingerprint, str) or not _SHA256_HEX.match(fingerprint):
+        raise MalformedMeasurement("must be 64 lowercase hex characters (SHA-256)", field="fingerprint")
+
+
+def occupancy_bp(input_tokens: int, input_limit: int) -> int:
+    """``min(10000, floor(input_tokens * 10000 / input_limit))`` in integer arithmetic."""
+    if not is_int(input_limit) or input_limit <= 0:
+        raise MalformedMeasurement(f"must be an integer > 0, got {input_limit!r}", field="input_limit")
+    if not is_int(input_tokens) or input_tokens < 0:
+        raise MalformedMeasurement(f"must be an integer >= 0, got {input_tokens!r}", field="input_tokens")
+    return min(FULL_SCALE_BP, input_tokens * FULL_SCALE_BP // input_limit)
+
+
+def resolve_input_limit(
+    *,
+    window: int | None,
+    max_output_tokens: int | None,
+    max_input_tokens: int | None,
+    reserved_output: int,
+    safety_margin: int,
+    model: str = "model",
+) -> int:
+    """SPEC §3: the input limit of a model under a policy. Fails closed with ContextLimitUnknown."""
+    if not is_int(window) or window <= 0:  # type: ignore[operator]
+        raise ContextLimitUnknown(f"{model}: no context window known", model=model)
+    reserve = reserved_output if max_output_tokens is None else min(reserved_output, max_output_tokens)
+    if reserved_output >= window:
+        raise ContextLimitUnknown(f"{model}: reserved_output {reserved_output} >= window {window}", model=model)
+    raw = window - reserve
+    if max_input_tokens is not None and max_input_tokens < raw:
+        raw = max_input_tokens
+    if raw <= 0:
+        raise ContextLimitUnknown(f"{model}: no room for input (raw limit {raw})", model=model)
+    if safety_margin >= raw:
+        raise ContextLimitUnknown(f"{model}: safety_margin {safety_margin} >= raw limit {raw}", model=model)
+    return raw - safety_margin
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -((-a) // b)
+
+
+def finite_number(value: Any) -> bool:
+    return (is_int(value) or isinstance(value, float)) and math.isfinite(value)

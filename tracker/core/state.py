@@ -1,0 +1,236 @@
+"""Session state and ``fold``: the only way state comes into being.
+
+``apply(state, event)`` is the single transition function. Live decisions,
+the store's projection, replay and what-if all reach state through it, so a
+cached state can always be checked against ``fold(events)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, Iterable
+
+from tracker.core.events import (
+    CompactionCommitted,
+    CompactionRejected,
+    CompactionStarted,
+    ContextLimitReached,
+    ContextMeasured,
+    CountFailed,
+    DomainEvent,
+    MeasurementRefused,
+    SessionStarted,
+    event_from_data,
+)
+from tracker.core.policy import Policy
+
+RECENT_ATTEMPTS_KEPT = 20
+
+
+@dataclass(frozen=True)
+class Attempt:
+    attempt_id: str
+    reason: str  # automatic | manual
+    trigger: str
+    basis: str
+    fencing_token: int
+    opened_at: float
+    lease_expires_at: float
+    tokens_before: int | None
+    input_limit: int | None
+    history_budget: int | None
+
+    @property
+    def automatic(self) -> bool:
+        return self.reason == "automatic"
+
+    def to_data(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_started(cls, e: CompactionStarted) -> "Attempt":
+        return cls(
+            e.attempt_id, e.reason, e.trigger, e.basis, e.fencing_token, e.opened_at,
+            e.lease_expires_at, e.tokens_before, e.input_limit, e.history_budget,
+        )
+
+
+@dataclass(frozen=True)
+class LastMeasurement:
+    basis: str
+    revision: int
+    input_tokens: int
+    input_limit: int
+    occupancy_bp: int
+    action: str
+    at: float
+
+    def to_data(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class SessionState:
+    session_id: str
+    version: int = 0
+    policy: Policy | None = None
+    revision: int = 1
+    pressure: str = "normal"
+    exhausted: frozenset[str] = frozenset()  # automatic bases exhausted at the current revision
+    open_attempts: tuple[Attempt, ...] = ()
+    episode_automatic: int = 0
+    attempts_opened: int = 0
+    last: LastMeasurement | None = None
+    # recent closed attempts: (attempt_id, outcome) newest last, bounded
+    recent_outcomes: tuple[tuple[str, str], ...] = ()
+    counts: dict[str, int] = field(default_factory=dict)
+
+    # -- queries -------------------------------------------------------------------------
+    @property
+    def started(self) -> bool:
+        return self.policy is not None
+
+    @property
+    def open_automatic(self) -> Attempt | None:
+        return next((a for a in self.open_attempts if a.automatic), None)
+
+    @property
+    def open_manual(self) -> Attempt | None:
+        return next((a for a in self.open_attempts if not a.automatic), None)
+
+    def find_open(self, attempt_id: str) -> Attempt | None:
+        return next((a for a in self.open_attempts if a.attempt_id == attempt_id), None)
+
+    def outcome_of(self, attempt_id: str) -> str | None:
+        """'open', 'committed', 'rejected:<reason>' or None if not known (never opened, or long ago)."""
+        if self.find_open(attempt_id):
+            return "open"
+        for aid, outcome in reversed(self.recent_outcomes):
+            if aid == attempt_id:
+                return outcome
+        return None
+
+    # -- (de)serialisation (the store's projection) ---------------------------------------
+    def to_data(self) -> dict[str, Any]:
+        return {
+            "session_id": self.session_id,
+            "version": self.version,
+            "policy": self.policy.to_data() if self.policy else None,
+            "revision": self.revision,
+            "pressure": self.pressure,
+            "exhausted": sorted(self.exhausted),
+            "open_attempts": [a.to_data() for a in self.open_attempts],
+            "episode_automatic": self.episode_automatic,
+            "attempts_opened": self.attempts_opened,
+            "last": self.last.to_data() if self.last else None,
+            "recent_outcomes": [list(x) for x in self.recent_outcomes],
+            "counts": dict(sorted(self.counts.items())),
+        }
+
+    @classmethod
+    def from_data(cls, data: dict[str, Any]) -> "SessionState":
+        return cls(
+            session_id=data["session_id"],
+            version=data["version"],
+            policy=Policy.from_data(data["policy"]) if data.get("policy") else None,
+            revision=data["revision"],
+            pressure=data["pressure"],
+            exhausted=frozenset(data["exhausted"]),
+            open_attempts=tuple(Attempt(**a) for a in data["open_attempts"]),
+            episode_automatic=data["episode_automatic"],
+            attempts_opened=data["attempts_opened"],
+            last=LastMeasurement(**data["last"]) if data.get("last") else None,
+            recent_outcomes=tuple((a, o) for a, o in data.get("recent_outcomes", [])),
+            counts=dict(data.get("counts", {})),
+        )
+
+
+def episode_after(pressure: str, episode_automatic: int) -> int:
+    """The episode ends when pressure is back to normal: its automatic-attempt count restarts."""
+    return 0 if pressure == "normal" else episode_automatic
+
+
+def _bump(counts: dict[str, int], key: str) -> dict[str, int]:
+    new = dict(counts)
+    new[key] = new.get(key, 0) + 1
+    return new
+
+
+def _close(state: SessionState, attempt_id: str, outcome: str) -> SessionState:
+    recent = (state.recent_outcomes + ((attempt_id, outcome),))[-RECENT_ATTEMPTS_KEPT:]
+    return replace(
+        state,
+        open_attempts=tuple(a for a in state.open_attempts if a.attempt_id != attempt_id),
+        recent_outcomes=recent,
+    )
+
+
+def apply(state: SessionState, event: DomainEvent) -> SessionState:
+    """The one transition function. Pure."""
+    s = replace(state, version=state.version + 1, counts=_bump(state.counts, event.TYPE))
+    if isinstance(event, SessionStarted):
+        return replace(s, policy=Policy.from_data(event.policy))
+    if isinstance(event, ContextMeasured):
+        m = event.measurement
+        revision = int(str(m["basis"])[1:].split(":", 1)[0])
+        return replace(
+            s,
+            pressure=event.pressure,
+            episode_automatic=episode_after(event.pressure, s.episode_automatic),
+            last=LastMeasurement(
+                basis=m["basis"], revision=revision, input_tokens=m["input_tokens"], input_limit=m["input_limit"],
+                occupancy_bp=event.occupancy_bp, action=event.action, at=event.at,
+            ),
+        )
+    if isinstance(event, CompactionStarted):
+        attempt = Attempt.from_started(event)
+        return replace(
+            s,
+            open_attempts=s.open_attempts + (attempt,),
+            attempts_opened=s.attempts_opened + 1,
+            episode_automatic=s.episode_automatic + (1 if attempt.automatic else 0),
+        )
+    if isinstance(event, CompactionCommitted):
+        s = _close(s, event.attempt_id, "committed")
+        # the history changed: a new revision, with nothing exhausted yet
+        return replace(s, revision=event.new_revision, exhausted=frozenset())
+    if isinstance(event, CompactionRejected):
+        s = _close(s, event.attempt_id, f"rejected:{event.reject_reason}")
+        if event.reason == "automatic" and event.basis.startswith(f"r{s.revision}:"):
+            s = replace(s, exhausted=s.exhausted | {event.basis})
+        return s
+    if isinstance(event, (CountFailed, MeasurementRefused, ContextLimitReached)):
+        return s
+    raise TypeError(f"unknown event {event!r}")
+
+
+def fold(events: Iterable[DomainEvent], session_id: str, state: SessionState | None = None) -> SessionState:
+    s = state if state is not None else SessionState(session_id=session_id)
+    for e in events:
+        s = apply(s, e)
+    return s
+
+
+class SessionProjector:
+    """Adapter from ``apply`` to the store's projection interface (JSON in, JSON out)."""
+
+    def initial(self, session_id: str) -> dict[str, Any]:
+        return SessionState(session_id=session_id).to_data()
+
+    def apply(self, state: dict[str, Any], event: Any) -> dict[str, Any]:
+        return apply(SessionState.from_data(state), event_from_data(event.type, event.data)).to_data()
+
+    def apply_many(self, state: dict[str, Any], events: Iterable[Any]) -> dict[str, Any]:
+        s = SessionState.from_data(state)
+        for e in events:
+            s = apply(s, event_from_data(e.type, e.data))
+        return s.to_data()
+
+    def columns(self, state: dict[str, Any]) -> dict[str, Any]:
+        last = state.get("last") or {}
+        return {
+            "pressure": state["pressure"],
+            "revision": state["revision"],
+            "occupancy_bp": last.get("occupancy_bp"),
+            "open_attempts": len(state["open_attempts"]),
+        }

@@ -1,0 +1,194 @@
+"""Every error Context Tracker raises, in one tree.
+
+    TrackerError
+    ├── InvalidInput (also a ValueError)      bad caller input; names the field; nothing is written
+    │   ├── InvalidPolicy                     a policy field out of range
+    │   ├── InvalidSessionId
+    │   └── PayloadTooLarge                   an event's data exceeds the store's limit
+    ├── CountError                            a count could not be trusted; recorded as CountFailed
+    │   ├── CountTimeout                      no valid count within count_timeout_s
+    │   ├── InvalidCountModel                 the counter cannot count this model / reported another
+    │   ├── QualityMismatch                   quality not the counter's, or not allowed by policy
+    │   ├── MalformedMeasurement              negative/non-integer tokens, missing fields, bad fingerprint
+    │   └── ContextLimitUnknown               no input limit for the model (checked before counting)
+    ├── ContextLimitError                     hard limit and no automatic attempt eligible
+    ├── StaleBasis                            the measurement's revision is older than the session's
+    ├── AttemptError                          commit / reject / wait refused
+    │   ├── UnknownAttempt                    no such attempt in this session
+    │   ├── AttemptNotOpen                    the attempt already ended
+    │   ├── NotAttemptHolder                  wrong fencing token
+    │   ├── ManualAttemptOpen                 a manual attempt is already open
+    │   └── SummaryTooLarge                   tokens_after >= input_limit (recorded as a rejection)
+    ├── WaitTimeout                           wait() gave up before the attempt ended
+    └── StoreError
+        ├── StoreUnavailable                  the database cannot be reached; nothing was written
+        ├── ConcurrencyConflict               another writer appended first (expected version moved)
+        ├── SchemaOutOfDate                   the database schema is missing or older than the code
+        └── UnknownSession
+
+Every error has a stable ``code`` (used by the CLI's ``--json`` output and the
+HTTP API) and ``to_dict()`` so it can travel as data between processes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class TrackerError(Exception):
+    code = "tracker_error"
+
+    def __init__(self, message: str = "", **details: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"code": self.code, "error": type(self).__name__, "message": self.message, **self.details}
+
+
+# -- bad input -------------------------------------------------------------------------------
+
+
+class InvalidInput(TrackerError, ValueError):
+    """Bad caller input. ``field`` names what is wrong."""
+
+    code = "invalid_input"
+
+    def __init__(self, field: str, problem: str, **details: Any) -> None:
+        super().__init__(f"{field}: {problem}", field=field, **details)
+        self.field = field
+        self.problem = problem
+
+
+class InvalidPolicy(InvalidInput):
+    code = "invalid_policy"
+
+
+class InvalidSessionId(InvalidInput):
+    code = "invalid_session_id"
+
+    def __init__(self, problem: str, **details: Any) -> None:
+        super().__init__("session_id", problem, **details)
+
+
+class PayloadTooLarge(InvalidInput):
+    code = "payload_too_large"
+
+
+# -- counting --------------------------------------------------------------------------------
+
+
+class CountError(TrackerError):
+    """A count that could not be trusted. ``kind`` is the class name, recorded in CountFailed."""
+
+    code = "count_failed"
+
+    @property
+    def kind(self) -> str:
+        return type(self).__name__
+
+
+class CountTimeout(CountError):
+    code = "count_timeout"
+
+
+class InvalidCountModel(CountError):
+    code = "invalid_count_model"
+
+
+class QualityMismatch(CountError):
+    code = "quality_mismatch"
+
+
+class MalformedMeasurement(CountError, ValueError):
+    code = "malformed_measurement"
+
+    def __init__(self, message: str = "", field: str | None = None, **details: Any) -> None:
+        if field is not None:
+            details["field"] = field
+            if not message.startswith(field):
+                message = f"{field}: {message}"
+        super().__init__(message, **details)
+        self.field = field
+
+
+class ContextLimitUnknown(CountError):
+    code = "context_limit_unknown"
+
+
+COUNT_ERRORS: dict[str, type[CountError]] = {
+    cls.__name__: cls
+    for cls in (CountTimeout, InvalidCountModel, QualityMismatch, MalformedMeasurement, ContextLimitUnknown)
+}
+
+
+def count_error_from_dict(data: dict[str, Any]) -> CountError:
+    """Rebuild a typed count failure that travelled as data (e.g. from a Celery worker)."""
+    cls = COUNT_ERRORS.get(str(data.get("kind") or data.get("error")), CountError)
+    details = {k: v for k, v in data.items() if k not in {"kind", "error", "code", "message"}}
+    return cls(str(data.get("message", "")), **details)
+
+
+# -- decisions -------------------------------------------------------------------------------
+
+
+class ContextLimitError(TrackerError):
+    """The request is at the hard limit and no automatic compaction is eligible."""
+
+    code = "context_limit"
+
+
+class StaleBasis(TrackerError):
+    code = "stale_basis"
+
+
+class AttemptError(TrackerError):
+    code = "attempt_error"
+
+
+class UnknownAttempt(AttemptError):
+    code = "unknown_attempt"
+
+
+class AttemptNotOpen(AttemptError):
+    code = "attempt_not_open"
+
+
+class NotAttemptHolder(AttemptError):
+    code = "not_attempt_holder"
+
+
+class ManualAttemptOpen(AttemptError):
+    code = "manual_attempt_open"
+
+
+class SummaryTooLarge(AttemptError):
+    code = "summary_too_large"
+
+
+class WaitTimeout(TrackerError):
+    code = "wait_timeout"
+
+
+# -- storage ---------------------------------------------------------------------------------
+
+
+class StoreError(TrackerError):
+    code = "store_error"
+
+
+class StoreUnavailable(StoreError):
+    code = "store_unavailable"
+
+
+class ConcurrencyConflict(StoreError):
+    code = "concurrency_conflict"
+
+
+class SchemaOutOfDate(StoreError):
+    code = "schema_out_of_date"
+
+
+class UnknownSession(StoreError):
+    code = "unknown_session"
