@@ -49,7 +49,6 @@ class WhatIf:
     session_id: str = "whatif"
     state: SessionState = field(init=False)
     line_no: int = 0
-    _attempt_seq: int = 0
     events: list[Any] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -89,8 +88,8 @@ class WhatIf:
         return float(at)
 
     def _next_attempt_id(self) -> str:
-        self._attempt_seq += 1
-        return f"a{self._attempt_seq}"
+        # derived from the folded state, so a refused line or a measure that opens nothing never shifts later ids
+        return f"a{self.state.attempts_opened + 1}"
 
     def _step(self, op: Any) -> tuple[Outcome, dict[str, Any]]:
         if not isinstance(op, dict):

@@ -109,7 +109,7 @@ def expire_leases(state: SessionState, now: float) -> list[DomainEvent]:
             duration_ms=_ms(now - a.opened_at), at=now,
         )
         for a in state.open_attempts
-        if now >= a.lease_expires_at
+        if now > a.lease_expires_at  # open *longer than* the lease
     ]
 
 
@@ -204,6 +204,7 @@ def decide_measure(
         measurement=measurement.to_data(), occupancy_bp=occ, pressure_before=before, pressure=pressure,
         threshold_bp=threshold.bp, threshold_source=threshold.source, compact_level=lv.compact,
         rearm_level=lv.rearm, hard_level=lv.hard, growth_fired=grew, action=action, trigger=trigger, at=now,
+        inputs=_inputs(compaction_threshold, scope, scope_confidence, overhead_tokens),
     ))
     opened: Attempt | None = None
     error: TrackerError | None = None
@@ -259,7 +260,7 @@ def decide_manual(
 ) -> Outcome:
     """A manual attempt opens regardless of pressure; at most one manual attempt is open at a time."""
     overhead = _overhead(overhead_tokens)
-    if basis is not None and basis.revision != state.revision and state.started:
+    if basis is not None and basis.revision != state.revision:
         raise InvalidInput("basis.revision", f"must be the session's revision r{state.revision}, got r{basis.revision}")
     s, events, policy = _begin(state, default_policy, now)
     if s.open_manual is not None:
@@ -351,6 +352,12 @@ def decide_reject(
     events.append(CompactionRejected(attempt_id=held.attempt_id, reason=held.reason, basis=held.basis,
                                      reject_reason=reject_reason, duration_ms=_ms(now - held.opened_at), at=now))
     return _outcome(state, events, attempt=held)
+
+
+def _inputs(compaction_threshold: Any, scope: Any, scope_confidence: Any, overhead_tokens: Any) -> dict[str, Any] | None:
+    given = {"compaction_threshold": compaction_threshold, "scope": scope, "scope_confidence": scope_confidence,
+             "overhead_tokens": overhead_tokens}
+    return {k: v for k, v in given.items() if v is not None} or None
 
 
 def _overhead(value: Any) -> int:

@@ -57,6 +57,9 @@ class ContextMeasured(DomainEvent):
     action: str
     trigger: str | None = None
     at: float = 0.0
+    # the per-request inputs as given (compaction_threshold, scope, scope_confidence, overhead_tokens),
+    # kept so replay and what-if can re-decide exactly
+    inputs: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
