@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -18,6 +19,7 @@ SCOPE_THRESHOLDS_BP: dict[str, int] = {
 }
 
 
+@lru_cache(maxsize=256)  # a memo of a pure function: same answer, less string parsing on the hot path
 def exact(value: float | int) -> Fraction:
     """A float as the decimal the user wrote: 0.1 -> 1/10 (not 0.1000000000000000055...)."""
     return Fraction(value) if is_int(value) else Fraction(repr(float(value)))
@@ -109,7 +111,10 @@ def growth_fired(turn_delta: float | None, used: int, input_limit: int, prev: tu
     """SPEC §4.4. ``prev`` is (used, input_limit) of the previous measurement at the same revision."""
     if turn_delta is None or prev is None:
         return False
-    return usage_fraction(used, input_limit) - usage_fraction(*prev) >= exact(turn_delta)
+    # f - f_prev >= d, in integers: used/D - pu/pD >= p/q  <=>  q*(used*pD - pu*D) >= p*D*pD
+    d = exact(turn_delta)
+    D, pD = min(input_limit, WINDOW_CEILING), min(prev[1], WINDOW_CEILING)
+    return d.denominator * (used * pD - prev[0] * D) >= d.numerator * D * pD
 
 
 def history_budget(available: int, overhead: int, threshold_bp: int, base_bp: int) -> int:
