@@ -1,0 +1,202 @@
+"""Single-flight across real processes (SPEC §6, last paragraph).
+
+16 processes × 200 rounds on ONE session, on Postgres, driven through
+compact pressure, the hard limit, rejections and commits. Then the log is
+checked: at most one automatic attempt per (session, basis), never two open
+automatic attempts at once, and the projection equals the fold. The same
+again with Redis flushed mid-run, and with Redis stopped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import multiprocessing as mp
+import os
+import random
+import signal
+import time
+import uuid
+
+import pytest
+
+from tracker.core import Policy, SessionProjector, fold
+from tracker.core.events import CompactionRejected, CompactionStarted, event_from_data
+from tracker.core.state import SessionState, apply
+from tracker.store import open_store, verify_projections
+from tracker.store.migrate import upgrade
+
+from .servers import PrivateRedis
+
+PROCS = int(os.environ.get("TRACKER_RACE_PROCS", "16"))
+ROUNDS = int(os.environ.get("TRACKER_RACE_ROUNDS", "200"))
+LIMIT = 1000
+
+
+def _measurement(basis: str, used: int) -> dict:
+    return {"basis": basis, "input_tokens": used, "input_limit": LIMIT, "quality": "exact_local",
+            "model": {"provider": "openai", "name": "gpt-4o"}, "fingerprint": hashlib.sha256(basis.encode()).hexdigest()}
+
+
+def _racer(db_url: str, redis_url: str | None, session_id: str, seed: int, rounds: int, start_at: float) -> dict:
+    from tracker.coordination import LocalCoordinator, RedisCoordinator
+    from tracker.errors import AttemptError, ContextLimitError, StaleBasis
+    from tracker.service import Tracker
+
+    rng = random.Random(seed)
+    coordinator = RedisCoordinator(redis_url, ttl_s=2.0, wait_s=2.0) if redis_url else LocalCoordinator()
+    t = Tracker(open_store(db_url, projector=SessionProjector()), coordinator=coordinator,
+                policy=Policy(attempt_lease_s=5.0, max_automatic_per_episode=3))
+    counts = {"compact": 0, "proceed": 0, "wait": 0, "context_limit": 0, "stale": 0, "attempt_errors": 0}
+    while time.time() < start_at:
+        time.sleep(0.005)
+    try:
+        for _ in range(rounds):
+            revision = t.state(session_id).revision
+            used = rng.choice([rng.randint(300, 790), rng.randint(800, 999), LIMIT, LIMIT + rng.randint(0, 50)])
+            basis = f"r{revision}:t{rng.randint(0, 5)}"  # few bases: processes race on the same ones
+            try:
+                r = t.observe(session_id, measurement=_measurement(basis, used))
+            except ContextLimitError:
+                counts["context_limit"] += 1
+                continue
+            except StaleBasis:
+                counts["stale"] += 1
+                continue
+            counts[r.action] += 1
+            if r.action == "compact":
+                a = r.attempt
+                try:
+                    if rng.random() < 0.5:
+                        t.commit(session_id, a.attempt_id, a.fencing_token, tokens_after=rng.randint(100, 400))
+                    else:
+                        t.reject(session_id, a.attempt_id, a.fencing_token, "execution_failed")
+                except AttemptError:
+                    counts["attempt_errors"] += 1
+    finally:
+        t.close()
+    return counts
+
+
+def check_log(db_url: str, session_id: str) -> dict:
+    store = open_store(db_url, projector=SessionProjector())
+    try:
+        events = [event_from_data(e.type, e.data) for e in store.read_stream(session_id)]
+        versions = [e.version for e in store.read_stream(session_id)]
+        assert versions == list(range(1, len(versions) + 1)), "versions must be gap-free"
+        seen_bases: set[str] = set()
+        state = SessionState(session_id=session_id)
+        max_open_auto = 0
+        automatic = 0
+        for e in events:
+            if isinstance(e, CompactionStarted) and e.reason == "automatic":
+                assert e.basis not in seen_bases, f"second automatic attempt on basis {e.basis}"
+                seen_bases.add(e.basis)
+                automatic += 1
+            state = apply(state, e)
+            max_open_auto = max(max_open_auto, sum(1 for a in state.open_attempts if a.automatic))
+        assert max_open_auto <= 1, "two automatic attempts open at once"
+        assert fold(events, session_id) == state
+        assert verify_projections(store, SessionProjector()) == []
+        outcomes = {}
+        for e in events:
+            if isinstance(e, CompactionRejected):
+                outcomes[e.reject_reason] = outcomes.get(e.reject_reason, 0) + 1
+        return {"events": len(events), "automatic_attempts": automatic, "revision": state.revision,
+                "rejections": outcomes}
+    finally:
+        store.close()
+
+
+def run_race(db_url: str, redis_url: str | None, during=None) -> tuple[dict, list[dict]]:
+    session_id = f"race-{uuid.uuid4().hex[:8]}"
+    ctx = mp.get_context("spawn")
+    start_at = time.time() + 3.0  # all processes start deciding together
+    with ctx.Pool(PROCS) as pool:
+        results = [pool.apply_async(_racer, (db_url, redis_url, session_id, seed, ROUNDS, start_at)) for seed in range(PROCS)]
+        if during is not None:
+            during(start_at)
+        counts = [r.get(timeout=600) for r in results]
+    return check_log(db_url, session_id), counts
+
+
+@pytest.fixture
+def private_redis():
+    r = PrivateRedis().start()
+    yield r
+    r.close()
+
+
+@pytest.fixture
+def race_db(pg_url):
+    upgrade(pg_url)
+    return pg_url
+
+
+@pytest.mark.slow
+def test_race_with_redis(race_db, private_redis):
+    summary, counts = run_race(race_db, private_redis.url)
+    total = {k: sum(c[k] for c in counts) for k in counts[0]}
+    print("race with redis:", summary, total)
+    assert total["compact"] == summary["automatic_attempts"] > 10
+    assert summary["revision"] > 2  # commits happened
+    assert total["context_limit"] > 0 and total["wait"] + total["proceed"] > 0
+
+
+@pytest.mark.slow
+def test_race_with_redis_flushed_midway(race_db, private_redis):
+    def flush(start_at: float) -> None:
+        while time.time() < start_at + 1.0:
+            time.sleep(0.05)
+        for _ in range(5):  # flush repeatedly while the race runs: locks vanish under their holders
+            private_redis.flushall()
+            time.sleep(0.3)
+
+    summary, counts = run_race(race_db, private_redis.url, during=flush)
+    total = {k: sum(c[k] for c in counts) for k in counts[0]}
+    print("race with FLUSHALL:", summary, total)
+    assert total["compact"] == summary["automatic_attempts"] > 10
+
+
+@pytest.mark.slow
+def test_race_with_redis_stopped(race_db, private_redis):
+    private_redis.stop()  # every process finds Redis down and runs on the database guard alone
+    summary, counts = run_race(race_db, private_redis.url)
+    total = {k: sum(c[k] for c in counts) for k in counts[0]}
+    print("race with Redis down:", summary, total)
+    assert total["compact"] == summary["automatic_attempts"] > 10
+
+
+def _holder(db_url: str, session_id: str, ready: "mp.synchronize.Event") -> None:
+    from tracker.service import Tracker
+
+    t = Tracker(open_store(db_url, projector=SessionProjector()), policy=Policy(attempt_lease_s=1.0))
+    r = t.observe(session_id, measurement=_measurement("r1:a", 900))
+    assert r.action == "compact"
+    ready.set()
+    time.sleep(3600)  # holds the attempt until killed
+
+
+def test_kill_9_holder_then_lease_expires(race_db):
+    from tracker.service import Tracker
+
+    sid = f"kill-{uuid.uuid4().hex[:8]}"
+    ctx = mp.get_context("spawn")
+    ready = ctx.Event()
+    p = ctx.Process(target=_holder, args=(race_db, sid, ready))
+    p.start()
+    assert ready.wait(60)
+    os.kill(p.pid, signal.SIGKILL)
+    p.join()
+    t = Tracker(open_store(race_db, projector=SessionProjector()), policy=Policy(attempt_lease_s=1.0))
+    try:
+        assert t.state(sid).open_automatic is not None
+        # before the lease runs out the attempt still blocks: proceed (compact pressure, attempt open)
+        assert t.observe(sid, measurement=_measurement("r1:b", 900)).action == "proceed"
+        time.sleep(1.1)
+        r = t.observe(sid, measurement=_measurement("r1:c", 900))
+        events = [e for e in t.history(sid)]
+        assert any(e.type == "CompactionRejected" and e.data["reject_reason"] == "lease_expired" for e in events)
+        assert r.action == "compact"  # the session moved on: a new attempt on a new basis
+        assert check_log(race_db, sid)["automatic_attempts"] == 2
+    finally:
+        t.close()

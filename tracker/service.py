@@ -1,0 +1,357 @@
+"""The service layer: observe → decide → record, thin on purpose.
+
+Each call is: validate input → (count, outside any lock) → under the session's
+coordination lock: load state, run the pure decision, append its events with
+the version the decision was made on → raise the decision's error, if any,
+after it is on the record. A ``ConcurrencyConflict`` means another process
+appended first: re-load and re-decide (the decision is deterministic in the
+state, so the retry sees that process's attempt and does not open another).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+from tracker.coordination import Coordinator, coordinator_from_url
+from tracker.core import (
+    Attempt,
+    Basis,
+    Decision,
+    Measurement,
+    Outcome,
+    Policy,
+    SessionProjector,
+    SessionState,
+    check_session_id,
+    decide_commit,
+    decide_count_failed,
+    decide_manual,
+    decide_measure,
+    decide_reject,
+    event_from_data,
+    expire_leases,
+)
+from tracker.core.decide import _outcome
+from tracker.errors import ConcurrencyConflict, CountError, InvalidInput, WaitTimeout
+from tracker.settings import Settings
+
+log = logging.getLogger("tracker.service")
+
+CONFLICT_RETRY_S = 30.0
+
+
+@dataclass(frozen=True)
+class Result:
+    """What ``observe`` returns: the decision, and for ``compact`` the attempt opened for this caller."""
+
+    session_id: str
+    version: int
+    decision: Decision
+
+    @property
+    def action(self) -> str:
+        return self.decision.action
+
+    @property
+    def attempt(self) -> Attempt | None:
+        return self.decision.attempt
+
+    def to_data(self) -> dict[str, Any]:
+        return {"session_id": self.session_id, "version": self.version, **self.decision.to_data()}
+
+
+class Tracker:
+    """The public entry point (SPEC §10). Build one per process with ``Tracker.from_settings()``."""
+
+    def __init__(
+        self,
+        store: Any,
+        *,
+        policy: Policy | None = None,
+        counting: Any = None,
+        coordinator: Coordinator | None = None,
+        clock: Callable[[], float] = time.time,
+        new_id: Callable[[], str] = lambda: uuid.uuid4().hex,
+    ) -> None:
+        self.store = store
+        self.policy = policy or Policy()
+        self.counting = counting
+        self.coordinator = coordinator or coordinator_from_url(None)
+        self.clock = clock
+        self.new_id = new_id
+
+    @classmethod
+    def from_settings(cls, settings: Settings | None = None, **overrides: Any) -> "Tracker":
+        from tracker.store import open_store
+
+        s = settings or Settings.from_env()
+        store = open_store(s.database_url, projector=SessionProjector())
+        counting = overrides.pop("counting", None)
+        if counting is None:
+            from tracker.counting import counting_from_settings
+
+            counting = counting_from_settings(s)
+        return cls(
+            store,
+            policy=overrides.pop("policy", s.policy),
+            counting=counting,
+            coordinator=overrides.pop("coordinator", None) or coordinator_from_url(s.redis_url, s.lock_ttl_s),
+            **overrides,
+        )
+
+    def close(self) -> None:
+        self.store.close()
+        self.coordinator.close()
+        close = getattr(self.counting, "close", None)
+        if close:
+            close()
+
+    def __enter__(self) -> "Tracker":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- state -----------------------------------------------------------------------------
+    def _load(self, session_id: str) -> SessionState:
+        data, version = self.store.load(session_id)
+        if data is None:
+            return SessionState(session_id=session_id)
+        state = SessionState.from_data(data)
+        assert state.version == version, "projection version differs from the stream"
+        return state
+
+    def state(self, session_id: str) -> SessionState:
+        return self._load(check_session_id(session_id))
+
+    def history(self, session_id: str, from_version: int = 1) -> Iterator[Any]:
+        return self.store.read_stream(check_session_id(session_id), from_version)
+
+    def _record(
+        self, session_id: str, decide: Callable[[SessionState], Outcome], idempotency_key: str | None = None
+    ) -> tuple[Outcome, int]:
+        """Load → decide → append, under the session lock, retrying on version conflicts.
+
+        Conflicts happen when coordination is degraded (Redis down or flushed) or a lock
+        wait timed out; retries back off with full jitter so contenders spread out.
+        """
+        deadline = time.monotonic() + CONFLICT_RETRY_S
+        attempt = 0
+        while True:
+            with self.coordinator.session_lock(session_id):
+                state = self._load(session_id)
+                outcome = decide(state)
+                if not outcome.events:
+                    return outcome, state.version
+                try:
+                    result = self.store.append(
+                        session_id, state.version, [_new_event(e) for e in outcome.events],
+                        idempotency_key=idempotency_key,
+                    )
+                except ConcurrencyConflict:
+                    result = None
+            if result is not None:
+                if result.replayed:
+                    return self._replayed(session_id, result), result.last_version
+                return outcome, result.last_version
+            attempt += 1
+            if time.monotonic() >= deadline:
+                raise ConcurrencyConflict(
+                    f"session {session_id}: still conflicting after {attempt} tries in {CONFLICT_RETRY_S:.0f}s",
+                    session_id=session_id,
+                )
+            time.sleep(random.uniform(0, min(0.1, 0.002 * 2 ** min(attempt, 10))))
+
+    def _replayed(self, session_id: str, result: Any) -> Outcome:
+        """An idempotent retry: rebuild the original outcome from the events it recorded."""
+        stored = list(self.store.read_stream(session_id, result.first_version, result.last_version))
+        before = SessionState(session_id=session_id)
+        from tracker.core import fold
+
+        before = fold((event_from_data(e.type, e.data) for e in self.store.read_stream(session_id, 1, result.first_version - 1)), session_id)
+        events = [event_from_data(e.type, e.data) for e in stored]
+        return replay_outcome(before, events)
+
+    # -- observe ---------------------------------------------------------------------------
+    def observe(
+        self,
+        session_id: str,
+        *,
+        request: Any = None,
+        measurement: Measurement | dict | None = None,
+        model: str | None = None,
+        basis: Basis | str | None = None,
+        compaction_threshold: float | None = None,
+        scope: str | None = None,
+        scope_confidence: float | None = None,
+        overhead_tokens: int | None = None,
+        idempotency_key: str | None = None,
+    ) -> Result:
+        """Count (when given a request), record, decide. Raises ``ContextLimitError`` and count
+        failures *after* recording them; bad input raises before anything is written."""
+        check_session_id(session_id)
+        if (request is None) == (measurement is None):
+            raise InvalidInput("request", "give exactly one of request= or measurement=")
+        if idempotency_key is not None and (not isinstance(idempotency_key, str) or not 0 < len(idempotency_key) <= 200):
+            raise InvalidInput("idempotency_key", "must be a string of 1-200 characters")
+        # validate the per-request threshold before counting (bad input writes nothing)
+        from tracker.core.thresholds import resolve_threshold
+
+        resolve_threshold(self.policy.compact_at_bp, self.policy.rearm_below_bp, compaction_threshold, scope, scope_confidence)
+
+        if measurement is not None:
+            current = self._load(session_id).revision
+            m = measurement if isinstance(measurement, Measurement) else Measurement.from_data(measurement, current)
+        else:
+            if model is None:
+                raise InvalidInput("model", "is required when counting a request")
+            if basis is None:
+                raise InvalidInput("basis", "is required when counting a request")
+            b = Basis.parse(basis, self._load(session_id).revision)
+            if self.counting is None:
+                raise InvalidInput("request", "this tracker has no counting backend; pass measurement=")
+            started = time.monotonic()
+            try:
+                m = self.counting.measure(request, model=model, basis=b, policy=self.policy)
+            except CountError as exc:
+                duration_ms = int((time.monotonic() - started) * 1000)
+                self._record(
+                    session_id,
+                    lambda st: decide_count_failed(st, self.policy, exc, model=model, duration_ms=duration_ms,
+                                                   now=self.clock(), basis=b),
+                    idempotency_key,
+                )
+                raise
+        attempt_id = self.new_id()
+        outcome, version = self._record(
+            session_id,
+            lambda st: decide_measure(
+                st, self.policy, m, now=self.clock(), new_attempt_id=attempt_id,
+                compaction_threshold=compaction_threshold, scope=scope, scope_confidence=scope_confidence,
+                overhead_tokens=overhead_tokens,
+            ),
+            idempotency_key,
+        )
+        if outcome.error is not None:
+            raise outcome.error
+        assert outcome.decision is not None
+        return Result(session_id=session_id, version=version, decision=outcome.decision)
+
+    # -- attempts --------------------------------------------------------------------------
+    def request_compaction(
+        self, session_id: str, *, basis: Basis | str | None = None, overhead_tokens: int | None = None,
+        idempotency_key: str | None = None,
+    ) -> Attempt:
+        """Open a manual attempt (regardless of pressure; at most one manual attempt open)."""
+        check_session_id(session_id)
+        b = Basis.parse(basis, self._load(session_id).revision) if basis is not None else None
+        attempt_id = self.new_id()
+        outcome, _ = self._record(
+            session_id,
+            lambda st: decide_manual(st, self.policy, now=self.clock(), new_attempt_id=attempt_id, basis=b,
+                                     overhead_tokens=overhead_tokens),
+            idempotency_key,
+        )
+        if outcome.error is not None:
+            raise outcome.error
+        assert outcome.attempt is not None
+        return outcome.attempt
+
+    def commit(self, session_id: str, attempt_id: str, fencing_token: int, tokens_after: int,
+               idempotency_key: str | None = None) -> SessionState:
+        check_session_id(session_id)
+        outcome, _ = self._record(
+            session_id,
+            lambda st: decide_commit(st, attempt_id=attempt_id, fencing_token=fencing_token,
+                                     tokens_after=tokens_after, now=self.clock()),
+            idempotency_key,
+        )
+        if outcome.error is not None:
+            raise outcome.error
+        return outcome.state
+
+    def reject(self, session_id: str, attempt_id: str, fencing_token: int, reject_reason: str,
+               idempotency_key: str | None = None) -> SessionState:
+        check_session_id(session_id)
+        outcome, _ = self._record(
+            session_id,
+            lambda st: decide_reject(st, attempt_id=attempt_id, fencing_token=fencing_token,
+                                     reject_reason=reject_reason, now=self.clock()),
+            idempotency_key,
+        )
+        if outcome.error is not None:
+            raise outcome.error
+        return outcome.state
+
+    def expire(self, session_id: str) -> SessionState:
+        """Record ``lease_expired`` for attempts past their lease (any decision does this too)."""
+        check_session_id(session_id)
+        outcome, _ = self._record(session_id, lambda st: _outcome(st, expire_leases(st, self.clock())))
+        return outcome.state
+
+    def wait(self, session_id: str, attempt_id: str, timeout: float = 30.0, poll_s: float = 0.05) -> str:
+        """Block until the attempt ends; returns 'committed' or 'rejected:<reason>'.
+
+        Raises ``WaitTimeout``. An attempt past its lease is recorded as
+        ``lease_expired`` here, so a waiter never waits on a dead holder.
+        """
+        check_session_id(session_id)
+        if not isinstance(timeout, (int, float)) or timeout < 0:
+            raise InvalidInput("timeout", f"must be a number >= 0, got {timeout!r}")
+        deadline = time.monotonic() + timeout
+        while True:
+            state = self._load(session_id)
+            outcome = state.outcome_of(attempt_id)
+            if outcome is None:
+                from tracker.errors import UnknownAttempt
+
+                raise UnknownAttempt(f"no attempt {attempt_id} in session {session_id}", attempt_id=attempt_id)
+            if outcome != "open":
+                return outcome
+            attempt = state.find_open(attempt_id)
+            if attempt is not None and self.clock() > attempt.lease_expires_at:
+                self.expire(session_id)
+                continue
+            if time.monotonic() >= deadline:
+                raise WaitTimeout(f"attempt {attempt_id} still open after {timeout}s", attempt_id=attempt_id)
+            time.sleep(poll_s)
+
+
+def _new_event(e: Any) -> Any:
+    from tracker.store import NewEvent
+
+    return NewEvent(type=e.TYPE, data=e.to_data())
+
+
+def replay_outcome(before: SessionState, events: list[Any]) -> Outcome:
+    """The outcome a list of recorded events stands for (for idempotent retries)."""
+    from tracker.core.events import CompactionStarted, ContextMeasured
+
+    out = _outcome(before, events)
+    decision = None
+    attempt = None
+    for e in events:
+        if isinstance(e, CompactionStarted):
+            attempt = Attempt.from_started(e)
+    for e in events:
+        if isinstance(e, ContextMeasured):
+            m = e.measurement
+            waiting = before.open_automatic if e.action == "wait" else None
+            decision = Decision(
+                action=e.action, pressure=e.pressure, pressure_before=e.pressure_before, occupancy_bp=e.occupancy_bp,
+                threshold_bp=e.threshold_bp, threshold_source=e.threshold_source, compact_level=e.compact_level,
+                rearm_level=e.rearm_level, hard_level=e.hard_level, growth_fired=e.growth_fired, trigger=e.trigger,
+                basis=m["basis"], revision=int(m["basis"][1:].split(":", 1)[0]),
+                attempt=attempt if e.action == "compact" else None, waiting_on=waiting,
+            )
+    error = None
+    if decision is not None and decision.action == "context_limit":
+        from tracker.errors import ContextLimitError
+
+        error = ContextLimitError("context limit (idempotent replay of an earlier call)", basis=decision.basis)
+    return Outcome(events=out.events, state=out.state, decision=decision, attempt=attempt, error=error)
