@@ -93,9 +93,11 @@ class Tracker:
         store = open_store(s.database_url, projector=SessionProjector())
         counting = overrides.pop("counting", None)
         if counting is None:
+            import os
+
             from tracker.counting import counting_from_settings
 
-            counting = counting_from_settings(s)
+            counting = counting_from_settings({**os.environ, **s.env()})
         return cls(
             store,
             policy=overrides.pop("policy", s.policy),
