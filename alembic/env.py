@@ -1,0 +1,80 @@
+"""Alembic environment for the Context Tracker event store.
+
+The database URL comes from (first found): ``config.attributes["connection"]``
+(an open SQLAlchemy connection, used by tests), ``config.attributes["url"]``
+(set by ``tracker.store.migrate``), the ``sqlalchemy.url`` option, or the
+``TRACKER_DATABASE_URL`` environment variable.
+
+On PostgreSQL all pending migrations run in one transaction that first takes an
+advisory lock, so concurrent ``tracker db upgrade`` runs queue up instead of
+racing each other.
+"""
+
+from __future__ import annotations
+
+import os
+from logging.config import fileConfig
+
+from alembic import context
+from sqlalchemy import create_engine, pool, text
+
+from tracker.store.migrate import normalize_url
+from tracker.store.schema import MIGRATE_LOCK_KEY, metadata
+
+config = context.config
+target_metadata = metadata
+
+if config.config_file_name is not None:  # the `alembic` CLI with alembic.ini (not tracker db upgrade)
+    fileConfig(config.config_file_name, disable_existing_loggers=False)
+
+
+def _url() -> str:
+    url = config.attributes.get("url") or config.get_main_option("sqlalchemy.url") or os.environ.get("TRACKER_DATABASE_URL")
+    if not url:
+        raise RuntimeError("no database URL: set TRACKER_DATABASE_URL or pass one to tracker.store.migrate.upgrade()")
+    return normalize_url(url)
+
+
+def run_migrations_offline() -> None:
+    url = _url()
+    context.configure(
+        url=url,
+        target_metadata=target_metadata,
+        literal_binds=True,
+        dialect_opts={"paramstyle": "named"},
+        render_as_batch=url.startswith("sqlite"),
+    )
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+def _run(connection) -> None:
+    context.configure(
+        connection=connection,
+        target_metadata=target_metadata,
+        render_as_batch=connection.dialect.name == "sqlite",
+        compare_type=True,
+    )
+    with context.begin_transaction():
+        if connection.dialect.name == "postgresql":
+            connection.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": MIGRATE_LOCK_KEY})
+        context.run_migrations()
+
+
+def run_migrations_online() -> None:
+    connection = config.attributes.get("connection")
+    if connection is not None:
+        _run(connection)
+        return
+    engine = create_engine(_url(), poolclass=pool.NullPool)
+    try:
+        with engine.connect() as connection:
+            _run(connection)
+    finally:
+        engine.dispose()
+
+
+if context.is_offline_mode():
+    run_migrations_offline()
+else:
+    run_migrations_online()

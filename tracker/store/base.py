@@ -1,0 +1,97 @@
+"""The event store's value types and interface (SPEC §8: the log is the truth).
+
+``EventStore`` is what the rest of the tracker codes against; ``tracker.store.sql``
+implements it on SQLite and PostgreSQL. A ``Projector`` supplied by the caller
+folds events into the per-session projection (``sessions`` table), which the
+store writes in the same transaction as the events it was folded from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Iterator, Protocol, Sequence, runtime_checkable
+
+DEFAULT_MAX_EVENT_BYTES = 64 * 1024
+MAX_EVENT_TYPE_LEN = 100
+MAX_IDEMPOTENCY_KEY_LEN = 200
+MAX_EVENTS_PER_APPEND = 1000
+
+#: Listing columns of the projection, filled from ``Projector.columns(state)``.
+PROJECTION_COLUMNS = ("pressure", "revision", "occupancy_bp", "open_attempts")
+
+
+@dataclass(frozen=True)
+class NewEvent:
+    """An event to append. ``data`` must be a JSON object (dict) of JSON-native values."""
+
+    type: str
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StoredEvent:
+    position: int  # global, unique; increasing in commit order as seen by read_all
+    session_id: str
+    version: int  # 1, 2, 3 ... within the session, no gaps
+    type: str
+    data: dict[str, Any]
+    recorded_at: datetime  # tz-aware UTC
+    idempotency_key: str | None
+
+
+@dataclass(frozen=True)
+class AppendResult:
+    session_id: str
+    first_version: int
+    last_version: int
+    positions: tuple[int, ...]
+    replayed: bool  # True: idempotent retry; nothing written, the original result returned
+    state: dict[str, Any] | None  # projection state after the append (None when no projector)
+
+
+@runtime_checkable
+class Projector(Protocol):
+    """Folds a session's events into a JSON-native state dict.
+
+    ``apply`` must be pure and deterministic, and the state must survive a JSON
+    round trip unchanged (dicts with str keys, lists, str, int, float, bool, None):
+    the store persists it as JSON and later appends continue from the stored form.
+    A projector may also offer ``apply_many(state, events) -> state`` as a faster
+    equivalent of repeated ``apply``; the store uses it when folding long streams.
+    """
+
+    def initial(self, session_id: str) -> dict[str, Any]: ...
+
+    def apply(self, state: dict[str, Any], event: StoredEvent) -> dict[str, Any]: ...
+
+    def columns(self, state: dict[str, Any]) -> dict[str, Any]:
+        """{"pressure": str, "revision": int, "occupancy_bp": int | None, "open_attempts": int}"""
+        ...
+
+
+class EventStore(Protocol):
+    def append(
+        self,
+        session_id: str,
+        expected_version: int,
+        events: Sequence[NewEvent],
+        *,
+        idempotency_key: str | None = None,
+    ) -> AppendResult: ...
+
+    def read_stream(self, session_id: str, from_version: int = 1, to_version: int | None = None) -> Iterator[StoredEvent]: ...
+
+    def read_all(self, after_position: int = 0, limit: int = 1000) -> list[StoredEvent]: ...
+
+    def stream_version(self, session_id: str) -> int: ...
+
+    def load(self, session_id: str) -> tuple[dict[str, Any] | None, int]: ...
+
+    def list_sessions(
+        self, *, pressure: str | None = None, active_since: datetime | None = None, limit: int = 1000
+    ) -> list[dict[str, Any]]: ...
+
+    def session_ids(self) -> Iterator[str]: ...
+
+    def close(self) -> None: ...

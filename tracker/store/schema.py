@@ -1,0 +1,119 @@
+"""The event store's tables (SQLAlchemy 2 Core metadata).
+
+The schema is created and changed only by the Alembic migrations in ``alembic/``
+at the repository root; ``tests/test_migrations.py`` checks that these models and
+the migrations agree on both backends. Change both together.
+
+``events``    the append-only log: global ``position``, per-session ``version``.
+``sessions``  the per-session projection, written in the same transaction as
+              the events it was folded from.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    CheckConstraint,
+    Column,
+    DateTime,
+    Identity,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    UniqueConstraint,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.types import TypeDecorator
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+#: Advisory-lock key held (session-level, for microseconds) around "assign the
+#: transaction id + draw positions" in ``ct_append_events`` on PostgreSQL.
+APPEND_LOCK_KEY = 0x63745F617070  # "ct_app"
+#: Advisory-lock key serialising concurrent ``tracker db upgrade`` runs on PostgreSQL.
+MIGRATE_LOCK_KEY = 0x63745F6D6967  # "ct_mig"
+
+
+class UTCDateTime(TypeDecorator):
+    """A timestamp stored as UTC and always returned tz-aware (SQLite drops the zone)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=timezone.utc)
+        value = value.astimezone(timezone.utc)
+        if dialect.name == "sqlite":
+            return value.replace(tzinfo=None)
+        return value
+
+    def process_result_value(self, value: datetime | None, dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=timezone.utc)
+        return value.astimezone(timezone.utc)
+
+
+def json_type() -> JSON:
+    """JSONB on PostgreSQL, JSON (text) on SQLite; Python None is stored as SQL NULL."""
+    return JSON(none_as_null=True).with_variant(JSONB(none_as_null=True), "postgresql")
+
+
+# BIGINT identity on PostgreSQL; on SQLite the INTEGER PRIMARY KEY AUTOINCREMENT rowid
+# (a BIGINT primary key would not alias the rowid there).
+PositionType = BigInteger().with_variant(Integer(), "sqlite")
+
+events = Table(
+    "events",
+    metadata,
+    Column("position", PositionType, Identity(), primary_key=True),
+    Column("session_id", String(200), nullable=False),
+    Column("version", Integer, nullable=False),
+    Column("type", String(100), nullable=False),
+    Column("data", json_type(), nullable=False),
+    Column("recorded_at", UTCDateTime(), nullable=False),
+    Column("idempotency_key", String(200), nullable=True),
+    # number of events appended together; set on the first event of each append
+    # (so an idempotent retry can return the whole original result)
+    Column("batch_size", Integer, nullable=True),
+    # PostgreSQL only: the appending transaction's id (pg_current_xact_id() as
+    # bigint), the commit-order watermark used by read_all. NULL on SQLite.
+    Column("txid", BigInteger, nullable=True),
+    UniqueConstraint("session_id", "version"),
+    UniqueConstraint("session_id", "idempotency_key"),
+    CheckConstraint("version >= 1", name="version_positive"),
+    sqlite_autoincrement=True,
+)
+
+sessions = Table(
+    "sessions",
+    metadata,
+    Column("session_id", String(200), primary_key=True),
+    Column("version", Integer, nullable=False),
+    Column("state", json_type(), nullable=True),  # NULL: appended without a projector; rebuilt from the log
+    Column("pressure", String(32), nullable=True),
+    Column("revision", Integer, nullable=True),
+    Column("occupancy_bp", Integer, nullable=True),
+    Column("open_attempts", Integer, nullable=False, server_default="0"),
+    Column("created_at", UTCDateTime(), nullable=False),
+    Column("updated_at", UTCDateTime(), nullable=False),
+    Index(None, "pressure"),
+    Index(None, "updated_at"),
+)
