@@ -66,10 +66,59 @@ def bench_core(quick: bool) -> dict[str, Any]:
     }
 
 
-SECTIONS: dict[str, Callable[[bool], dict[str, Any]]] = {"core": bench_core}
+def _pg() -> str:
+    return os.environ.get("TRACKER_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+def _redis() -> str:
+    return os.environ.get("TRACKER_BENCH_REDIS", "redis://127.0.0.1:6379/0")
+
+
+def bench_store(quick: bool, result: dict[str, Any]) -> dict[str, Any]:
+    from tracker.store.bench import run_store_bench
+
+    return run_store_bench(_pg(), quick)
+
+
+def bench_counting(quick: bool, result: dict[str, Any]) -> dict[str, Any]:
+    from tracker.counting.bench import run_counting_bench
+
+    return run_counting_bench(quick, os.environ.get("TRACKER_BENCH_BROKER", "redis://127.0.0.1:6379/0"))
+
+
+def bench_service(quick: bool, result: dict[str, Any]) -> dict[str, Any]:
+    from tracker.service_bench import run_service_bench
+
+    raw = result.get("store", {}).get("raw_insert_per_s")  # the baseline measured in this same run
+    return run_service_bench(_pg(), _redis(), quick, raw_insert_per_s=raw)
+
+
+def bench_http(quick: bool, result: dict[str, Any]) -> dict[str, Any]:
+    from tracker.api_bench import run_http_bench
+
+    return run_http_bench(_pg(), _redis(), quick)
+
+
+SECTIONS: dict[str, Callable[[bool, dict[str, Any]], dict[str, Any]]] = {
+    "core": lambda quick, result: bench_core(quick),
+    "store": bench_store,
+    "counting": bench_counting,
+    "service": bench_service,
+    "http": bench_http,
+}
 
 
 def run_bench(quick: bool = False, only: set[str] | None = None, progress: Any = None) -> dict[str, Any]:
+    """Run the sections in order (service uses the store's raw baseline from the same run).
+
+    Servers: TRACKER_BENCH_PG (default the local ``test`` database; a scratch database is
+    created and dropped), TRACKER_BENCH_REDIS, TRACKER_BENCH_BROKER.
+    """
+    unknown = (only or set()) - set(SECTIONS)
+    if unknown:
+        from tracker.errors import InvalidInput
+
+        raise InvalidInput("only", f"unknown sections {sorted(unknown)}; choose from {', '.join(SECTIONS)}")
     result: dict[str, Any] = {"quick": quick, "cpus": os.cpu_count()}
     for name, fn in SECTIONS.items():
         if only and name not in only:
@@ -77,7 +126,7 @@ def run_bench(quick: bool = False, only: set[str] | None = None, progress: Any =
         if progress is not None:
             progress.print(f"[dim]bench: {name}…[/]")
         try:
-            result[name] = fn(quick)
+            result[name] = fn(quick, result)
         except Exception as exc:  # a section that cannot run says why, the others still report
             result[name] = {"error": f"{type(exc).__name__}: {exc}"}
     return result

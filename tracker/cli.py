@@ -171,8 +171,11 @@ def bench(
     """Measure the core, store, counting, service and HTTP layers; prints figures."""
     from tracker.bench import run_bench
 
-    result = run_bench(quick=quick, only=set(sections.split(",")) if sections else None,
-                       progress=None if as_json else err_console)
+    try:
+        result = run_bench(quick=quick, only=set(sections.split(",")) if sections else None,
+                           progress=None if as_json else err_console)
+    except TrackerError as exc:
+        _fail(exc, as_json)
     if as_json:
         print(json.dumps(result))
     else:
