@@ -300,19 +300,26 @@ def _holder(s: SessionState, attempt_id: Any, fencing_token: Any) -> Attempt | T
     return attempt
 
 
-def decide_commit(
-    state: SessionState, *, attempt_id: Any, fencing_token: Any, tokens_after: Any, now: float
-) -> Outcome:
-    """Only the holder may commit. ``tokens_after >= input_limit`` is recorded as ``summary_too_large``."""
-    if not is_int(tokens_after) or tokens_after < 0:
-        raise InvalidInput("tokens_after", f"must be an integer >= 0, got {tokens_after!r}")
+def _held(
+    state: SessionState, attempt_id: Any, fencing_token: Any, now: float
+) -> tuple[SessionState, list[DomainEvent], Attempt | TrackerError]:
+    """Expire overdue leases first (recorded either way), then check the caller holds the attempt."""
     if not state.started:
         raise UnknownAttempt(f"session {state.session_id} has no attempts", attempt_id=attempt_id)
     events = expire_leases(state, now)
     s = state
     for e in events:
         s = apply(s, e)
-    held = _holder(s, attempt_id, fencing_token)
+    return s, events, _holder(s, attempt_id, fencing_token)
+
+
+def decide_commit(
+    state: SessionState, *, attempt_id: Any, fencing_token: Any, tokens_after: Any, now: float
+) -> Outcome:
+    """Only the holder may commit. ``tokens_after >= input_limit`` is recorded as ``summary_too_large``."""
+    if not is_int(tokens_after) or tokens_after < 0:
+        raise InvalidInput("tokens_after", f"must be an integer >= 0, got {tokens_after!r}")
+    s, events, held = _held(state, attempt_id, fencing_token, now)
     if isinstance(held, TrackerError):
         return _outcome(state, events, error=held)
     a = held
@@ -340,13 +347,7 @@ def decide_reject(
 ) -> Outcome:
     if not isinstance(reject_reason, str) or not reject_reason.strip() or len(reject_reason) > 200:
         raise InvalidInput("reject_reason", f"must be a non-empty string of at most 200 characters, got {reject_reason!r}")
-    if not state.started:
-        raise UnknownAttempt(f"session {state.session_id} has no attempts", attempt_id=attempt_id)
-    events = expire_leases(state, now)
-    s = state
-    for e in events:
-        s = apply(s, e)
-    held = _holder(s, attempt_id, fencing_token)
+    _, events, held = _held(state, attempt_id, fencing_token, now)
     if isinstance(held, TrackerError):
         return _outcome(state, events, error=held)
     events.append(CompactionRejected(attempt_id=held.attempt_id, reason=held.reason, basis=held.basis,
