@@ -238,6 +238,39 @@ def test_read_all_is_ordered_and_pages(store):
         store.read_all(0, limit=0)
 
 
+def test_read_all_session_prefix_filters_exactly_and_pages(store):
+    """``session_prefix``: only sessions whose id starts with it -- case-sensitive, '_' / '%' literal."""
+    rng = random.Random(5)
+    sids = ["fa:one", "fa:two", "fb:one", "FA:one", "fa_x", "f_:one", "fa", "fa:"]
+    versions: dict[str, int] = {}
+    for _ in range(60):
+        sid = rng.choice(sids)
+        versions[sid] = store.append(sid, versions.get(sid, 0), [ev(n=1) for _ in range(rng.randint(1, 2))]).last_version
+    everything = store.read_all(0, limit=10_000)
+
+    def expected(prefix: str) -> list[StoredEvent]:
+        return [e for e in everything if e.session_id.startswith(prefix)]
+
+    for prefix in ("fa:", "f_:", "FA:", "fa", "fa:one", "zz:"):
+        got = store.read_all(0, limit=10_000, session_prefix=prefix)
+        assert got == expected(prefix), prefix
+        paged: list[StoredEvent] = []
+        after = 0
+        while True:  # resumable by position, like the unfiltered feed
+            page = store.read_all(after, limit=3, session_prefix=prefix)
+            if not page:
+                break
+            assert len(page) <= 3 and all(e.session_id.startswith(prefix) for e in page)
+            paged.extend(page)
+            after = page[-1].position
+        assert paged == expected(prefix), prefix
+    assert {e.session_id for e in store.read_all(0, 10_000, session_prefix="fa:")} <= {"fa:one", "fa:two", "fa:"}
+    assert store.read_all(0, 10_000, session_prefix=None) == everything
+    for bad in ("", "a%", "x" * 201, 7, "fa:\n"):
+        with pytest.raises(InvalidInput):
+            store.read_all(0, session_prefix=bad)  # type: ignore[arg-type]
+
+
 def test_projection_equals_fold_of_the_log(store):
     rng = random.Random(11)
     projector = ToyProjector()

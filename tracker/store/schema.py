@@ -117,3 +117,8 @@ sessions = Table(
     Index(None, "pressure"),
     Index(None, "updated_at"),
 )
+
+# The HTTP API's tables (fleets, api_keys) live on the same metadata, defined next to
+# their code; imported here so that Alembic's env.py and the model/migration comparison
+# (tests/test_migrations.py) always see every table.
+import tracker.fleets  # noqa: E402,F401  (circular-safe: `metadata` is defined above)
