@@ -178,3 +178,33 @@ def test_count_failure_recorded_then_raised(db_url):
         assert events[-1].TYPE == "CountFailed" and events[-1].kind == "CountTimeout"
     finally:
         t.close()
+
+
+def test_idempotent_commit_reject_and_manual(tracker):
+    t = tracker
+    a = t.observe("s8", measurement=m("a", 900)).attempt
+    s1 = t.commit("s8", a.attempt_id, a.fencing_token, 100, idempotency_key="c1")
+    v = t.store.stream_version("s8")
+    s2 = t.commit("s8", a.attempt_id, a.fencing_token, 100, idempotency_key="c1")  # a retry, not AttemptNotOpen
+    assert s2.revision == s1.revision == 2 and t.store.stream_version("s8") == v
+    m1 = t.request_compaction("s8", idempotency_key="man1")
+    m2 = t.request_compaction("s8", idempotency_key="man1")  # a retry, not ManualAttemptOpen
+    assert m1.attempt_id == m2.attempt_id
+    t.reject("s8", m1.attempt_id, m1.fencing_token, "user_cancelled", idempotency_key="r1")
+    t.reject("s8", m1.attempt_id, m1.fencing_token, "user_cancelled", idempotency_key="r1")
+    assert [e.TYPE for e in log_of(t, "s8")].count("CompactionRejected") == 1
+
+
+def test_session_id_must_match_whole_string(tracker):
+    with pytest.raises(InvalidSessionId):
+        tracker.observe("abc\n", measurement=m("a", 1))
+
+
+def test_local_coordinator_forgets_idle_sessions():
+    from tracker.coordination import LocalCoordinator
+
+    c = LocalCoordinator()
+    for i in range(100):
+        with c.session_lock(f"s{i}"):
+            pass
+    assert c._locks == {}

@@ -137,7 +137,7 @@ def test_race_with_redis(race_db, private_redis):
     summary, counts = run_race(race_db, private_redis.url)
     total = {k: sum(c[k] for c in counts) for k in counts[0]}
     print("race with redis:", summary, total)
-    assert total["compact"] == summary["automatic_attempts"] > 10
+    assert total["compact"] == summary["automatic_attempts"] >= 3
     assert summary["revision"] > 2  # commits happened
     assert total["context_limit"] > 0 and total["wait"] + total["proceed"] > 0
 
@@ -154,7 +154,7 @@ def test_race_with_redis_flushed_midway(race_db, private_redis):
     summary, counts = run_race(race_db, private_redis.url, during=flush)
     total = {k: sum(c[k] for c in counts) for k in counts[0]}
     print("race with FLUSHALL:", summary, total)
-    assert total["compact"] == summary["automatic_attempts"] > 10
+    assert total["compact"] == summary["automatic_attempts"] >= 3
 
 
 @pytest.mark.slow
@@ -163,7 +163,7 @@ def test_race_with_redis_stopped(race_db, private_redis):
     summary, counts = run_race(race_db, private_redis.url)
     total = {k: sum(c[k] for c in counts) for k in counts[0]}
     print("race with Redis down:", summary, total)
-    assert total["compact"] == summary["automatic_attempts"] > 10
+    assert total["compact"] == summary["automatic_attempts"] >= 3
 
 
 def _holder(db_url: str, session_id: str, ready: "mp.synchronize.Event") -> None:

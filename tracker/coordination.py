@@ -36,16 +36,28 @@ class Coordinator(Protocol):
 
 
 class LocalCoordinator:
+    """One lock per session while anyone holds or waits for it; forgotten afterwards (bounded memory)."""
+
     def __init__(self) -> None:
-        self._locks: dict[str, threading.Lock] = {}
+        self._locks: dict[str, tuple[threading.Lock, int]] = {}
         self._guard = threading.Lock()
 
     @contextmanager
     def session_lock(self, session_id: str) -> Iterator[bool]:
         with self._guard:
-            lock = self._locks.setdefault(session_id, threading.Lock())
-        with lock:
-            yield True
+            lock, users = self._locks.get(session_id, (None, 0))
+            lock = lock or threading.Lock()
+            self._locks[session_id] = (lock, users + 1)
+        try:
+            with lock:
+                yield True
+        finally:
+            with self._guard:
+                _, users = self._locks[session_id]
+                if users <= 1:
+                    del self._locks[session_id]
+                else:
+                    self._locks[session_id] = (lock, users - 1)
 
     def close(self) -> None:
         pass

@@ -142,6 +142,11 @@ class Tracker:
         Conflicts happen when coordination is degraded (Redis down or flushed) or a lock
         wait timed out; retries back off with full jitter so contenders spread out.
         """
+        if idempotency_key is not None:
+            # A retried call (commit, reject, manual, observe) gets its original answer, not a new decision.
+            earlier = self.store.find_idempotent(session_id, idempotency_key)
+            if earlier is not None:
+                return self._replayed(session_id, earlier), earlier.last_version
         deadline = time.monotonic() + CONFLICT_RETRY_S
         attempt = 0
         while True:
@@ -171,12 +176,12 @@ class Tracker:
 
     def _replayed(self, session_id: str, result: Any) -> Outcome:
         """An idempotent retry: rebuild the original outcome from the events it recorded."""
-        stored = list(self.store.read_stream(session_id, result.first_version, result.last_version))
-        before = SessionState(session_id=session_id)
         from tracker.core import fold
 
-        before = fold((event_from_data(e.type, e.data) for e in self.store.read_stream(session_id, 1, result.first_version - 1)), session_id)
-        events = [event_from_data(e.type, e.data) for e in stored]
+        before = fold((event_from_data(e.type, e.data)
+                       for e in self.store.read_stream(session_id, 1, result.first_version - 1)), session_id)
+        events = [event_from_data(e.type, e.data)
+                  for e in self.store.read_stream(session_id, result.first_version, result.last_version)]
         return replay_outcome(before, events)
 
     # -- observe ---------------------------------------------------------------------------

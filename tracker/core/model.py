@@ -28,7 +28,7 @@ _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 def check_session_id(session_id: Any) -> str:
     if not isinstance(session_id, str):
         raise InvalidSessionId(f"must be a string, got {type(session_id).__name__}")
-    if not _SESSION_ID.match(session_id):
+    if not _SESSION_ID.fullmatch(session_id):
         raise InvalidSessionId(
             "must be 1-200 characters of [A-Za-z0-9._:-], got " + repr(session_id[:40] + ("…" if len(session_id) > 40 else ""))
         )

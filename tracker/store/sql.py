@@ -140,6 +140,7 @@ STATE_CACHE_SIZE = 4096
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+_SESSION_PREFIX = re.compile(r"[A-Za-z0-9._:-]{1,200}")
 
 
 def _dumps(value: Any) -> str:
@@ -176,6 +177,11 @@ _PG_READ_ALL = (
     f"SELECT {_PG_EVENT_COLS} FROM events WHERE position > %s "
     "AND txid < pg_snapshot_xmin(pg_current_snapshot())::text::bigint ORDER BY position LIMIT %s"
 )
+# The same with a session-id prefix filter (``starts_with``: exact, case-sensitive, no LIKE wildcards).
+_PG_READ_ALL_PREFIX = (
+    f"SELECT {_PG_EVENT_COLS} FROM events WHERE position > %s AND starts_with(session_id, %s) "
+    "AND txid < pg_snapshot_xmin(pg_current_snapshot())::text::bigint ORDER BY position LIMIT %s"
+)
 _PG_LOAD = "SELECT version, state::text FROM sessions WHERE session_id = %s"
 _PG_STREAM_VERSION = "SELECT coalesce(max(version), 0) FROM events WHERE session_id = %s"
 _MAX_VERSION = 2**31 - 1
@@ -187,7 +193,11 @@ _MAX_VERSION = 2**31 - 1
 def _unavailable_types() -> tuple[type[BaseException], ...]:
     import sqlite3
 
-    types: list[type[BaseException]] = [sa_exc.OperationalError, sa_exc.InterfaceError, sqlite3.OperationalError]
+    # sa_exc.TimeoutError: no pooled connection free within pool_timeout (every connection busy,
+    # e.g. many request threads of `tracker serve` at once) -- the database is unavailable to us now.
+    types: list[type[BaseException]] = [
+        sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.TimeoutError, sqlite3.OperationalError,
+    ]
     try:
         import psycopg
 
@@ -783,6 +793,10 @@ class SqlEventStore:
         exc.actual = actual  # type: ignore[attr-defined]
         return exc
 
+    def find_idempotent(self, session_id: str, idempotency_key: str) -> AppendResult | None:
+        """The result of the earlier append made with this key, or None (lets a caller skip re-deciding)."""
+        return self._run("append", lambda conn: self._replay(conn, session_id, idempotency_key))
+
     def _resolve_conflict(self, sid: str, expected: int, key: str | None) -> AppendResult:
         """After a lost race: the original result if the key was already used, else ConcurrencyConflict."""
         def look(conn: Connection) -> AppendResult | int:
@@ -883,16 +897,32 @@ class SqlEventStore:
                 return
             after = rows[-1][2]
 
-    def read_all(self, after_position: int = 0, limit: int = 1000) -> list[StoredEvent]:
-        """Events with position > after_position in commit-safe order (see the module docstring)."""
+    def read_all(self, after_position: int = 0, limit: int = 1000, *, session_prefix: str | None = None) -> list[StoredEvent]:
+        """Events with position > after_position in commit-safe order (see the module docstring).
+
+        ``session_prefix``: only events of sessions whose id starts with it (exact and
+        case-sensitive on both backends). The filter is part of the same statement, so the
+        result is still a prefix of the (filtered) log in commit order.
+        """
         if not isinstance(after_position, int) or isinstance(after_position, bool) or after_position < 0:
             raise InvalidInput("after_position", "must be an integer >= 0")
         if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
             raise InvalidInput("limit", "must be an integer >= 1")
+        if session_prefix is not None and (
+            not isinstance(session_prefix, str) or not _SESSION_PREFIX.fullmatch(session_prefix)
+        ):
+            raise InvalidInput("session_prefix", "must be 1-200 characters of [A-Za-z0-9._:-] or None")
         if self._pg:
-            return [self._pg_event(r) for r in self._pg_query("read_all", _PG_READ_ALL, (after_position, limit))]
+            if session_prefix is None:
+                rows = self._pg_query("read_all", _PG_READ_ALL, (after_position, limit))
+            else:
+                rows = self._pg_query("read_all", _PG_READ_ALL_PREFIX, (after_position, session_prefix, limit))
+            return [self._pg_event(r) for r in rows]
         e = events_t.c
         cond = [e.position > after_position]
+        if session_prefix is not None:
+            # substr, not LIKE: SQLite's LIKE is case-insensitive and '_' is a wildcard
+            cond.append(func.substr(e.session_id, 1, len(session_prefix)) == session_prefix)
         stmt = select(*self._EVENT_COLS).where(*cond).order_by(e.position).limit(limit)
         return [self._event(r) for r in self._run("read_all", lambda conn: conn.execute(stmt).all())]
 
