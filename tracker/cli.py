@@ -9,6 +9,7 @@ from typing import Any, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from tracker.errors import TrackerError
@@ -31,7 +32,9 @@ def _fail(exc: TrackerError, as_json: bool = False) -> None:
     if as_json:
         print(json.dumps(exc.to_dict()))
     else:
-        err_console.print(f"[bold red]error[/] ({exc.code}): {exc.message or exc}")
+        # soft_wrap: a hint such as `tracker db upgrade` must not be broken across lines;
+        # escape: the message may quote user input, which is not Rich markup
+        err_console.print(f"[bold red]error[/] ({exc.code}): {escape(str(exc.message or exc))}", soft_wrap=True)
     raise typer.Exit(2)
 
 
@@ -191,15 +194,27 @@ def _settings() -> Any:
         _fail(exc)
 
 
-def _open_store(check_schema: bool = True) -> Any:
+def _sqlite_file(url: str) -> Path | None:
+    """The file of a ``sqlite:///path`` URL (None for other databases and in-memory SQLite)."""
+    if not url.startswith("sqlite:///") or url in ("sqlite:///", "sqlite:///:memory:"):
+        return None
+    return Path(url[len("sqlite:///"):].split("?", 1)[0])
+
+
+def _open_store(check_schema: bool = True, as_json: bool = False) -> Any:
     from tracker.core import SessionProjector
+    from tracker.errors import SchemaOutOfDate
     from tracker.store import open_store
 
     s = _settings()
     try:
+        path = _sqlite_file(s.database_url)
+        if check_schema and path is not None and not path.exists():
+            # opening it would create an empty file (or fail on a missing directory with a bare OperationalError)
+            raise SchemaOutOfDate(f"no database at {path}; run `tracker db upgrade`", database=str(path))
         return open_store(s.database_url, projector=SessionProjector(), check_schema=check_schema)
     except TrackerError as exc:
-        _fail(exc)
+        _fail(exc, as_json)
 
 
 TABLE_MAX_ROWS = 2000
@@ -226,6 +241,9 @@ def db_upgrade(as_json: bool = typer.Option(False, "--json")) -> None:
     from tracker.store.migrate import upgrade
 
     s = _settings()
+    path = _sqlite_file(s.database_url)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)  # e.g. the embedded default .tracker/tracker.db
     try:
         revision = upgrade(s.database_url)
     except TrackerError as exc:
@@ -251,7 +269,7 @@ def verify(as_json: bool = typer.Option(False, "--json")) -> None:
     from tracker.core import SessionProjector
     from tracker.store import verify_projections
 
-    store = _open_store()
+    store = _open_store(as_json=as_json)
     try:
         diffs = verify_projections(store, SessionProjector())
         n = sum(1 for _ in store.session_ids())
@@ -328,7 +346,7 @@ def sessions(
     if pressure is not None and pressure not in PRESSURES:
         _fail(_invalid("pressure", f"must be one of {', '.join(PRESSURES)}, got {pressure!r}"), as_json)
     active_since = _parse_since(since, as_json) if since else None
-    store = _open_store()
+    store = _open_store(as_json=as_json)
     try:
         rows = store.list_sessions(pressure=pressure, active_since=active_since, limit=limit)
     except TrackerError as exc:
@@ -416,7 +434,7 @@ def history(
         check_session_id(session_id)
     except TrackerError as exc:
         _fail(exc, as_json)
-    store = _open_store()
+    store = _open_store(as_json=as_json)
     try:
         if store.stream_version(session_id) == 0:
             from tracker.errors import UnknownSession
@@ -427,7 +445,7 @@ def history(
             for e in events:
                 print(json.dumps(_event_row(e)))
             return
-        rows = ((str(e.version), e.recorded_at.strftime("%H:%M:%S.%f")[:-3], e.type, _summary(e)) for e in events)
+        rows = ((str(e.version), e.recorded_at.strftime("%H:%M:%S.%f")[:-3], e.type, escape(_summary(e))) for e in events)
         _print_rows(f"history of {session_id}", ("v", "time", "event", "what happened"), rows,
                     stream=store.stream_version(session_id) > TABLE_MAX_ROWS)
     except TrackerError as exc:
@@ -456,7 +474,7 @@ def replay(
         check_session_id(session_id)
     except TrackerError as exc:
         _fail(exc, as_json)
-    store = _open_store()
+    store = _open_store(as_json=as_json)
     try:
         if store.stream_version(session_id) == 0:
             from tracker.errors import UnknownSession
@@ -483,25 +501,28 @@ def replay(
                                             max_automatic_per_episode, base=recorded)
             except TrackerError as exc:
                 _fail(exc, as_json)
-            changed = 0
-            t = Table(title=f"what-if for {session_id}: compact at {policy.compact_at_bp}, rearm below {policy.rearm_below_bp}")
-            for col in ("v", "op", "recorded", "what-if", "pressure", "levels c/r"):
-                t.add_column(col)
-            for row in whatif_rows(store.read_stream(session_id, 1, at), policy, session_id):
-                changed += bool(row.get("changed"))
-                if as_json:
+            changed = [0]
+            wrows = whatif_rows(store.read_stream(session_id, 1, at), policy, session_id)
+            if as_json:
+                for row in wrows:
                     print(json.dumps(row))
-                    continue
-                w = row["whatif"]
-                if row["op"] == "measure" and "error" not in w:
-                    mark = "[bold yellow]" if row["changed"] else ""
-                    t.add_row(str(row["version"]), "measure", row["recorded_action"], f"{mark}{w['action']}",
-                              w["pressure"], f"{w['compact_level']}/{w['rearm_level']}")
-                else:
-                    t.add_row(str(row["version"]), row["op"], "", json.dumps(w), "", "")
-            if not as_json:
-                console.print(t)
-                console.print(f"{changed} decisions would change under this policy")
+                return
+
+            def table_rows() -> Any:
+                for row in wrows:
+                    changed[0] += bool(row.get("changed"))
+                    w = row["whatif"]
+                    if row["op"] == "measure" and "error" not in w:
+                        mark = "[bold yellow]" if row["changed"] else ""
+                        yield (str(row["version"]), "measure", row["recorded_action"], f"{mark}{w['action']}",
+                               w["pressure"], f"{w['compact_level']}/{w['rearm_level']}")
+                    else:
+                        yield (str(row["version"]), row["op"], "", escape(json.dumps(w)), "", "")
+
+            _print_rows(f"what-if for {session_id}: compact at {policy.compact_at_bp}, rearm below {policy.rearm_below_bp}",
+                        ("v", "op", "recorded", "what-if", "pressure", "levels c/r"), table_rows(),
+                        stream=store.stream_version(session_id) > TABLE_MAX_ROWS)
+            console.print(f"{changed[0]} decisions would change under this policy")
             return
         last: list[Any] = [None]
 
@@ -515,7 +536,7 @@ def replay(
                 print(json.dumps({"version": step.event.version, "type": step.event.type, "state": step.state.to_data()}))
             return
         rows = ((str(st.state.version), st.event.type, _pressure_text(st.state.pressure), str(st.state.revision),
-                 str(len(st.state.open_attempts)), ", ".join(sorted(st.state.exhausted))) for st in steps())
+                 str(len(st.state.open_attempts)), escape(", ".join(sorted(st.state.exhausted)))) for st in steps())
         _print_rows(f"replay of {session_id}" + (f" up to v{at}" if at else ""),
                     ("v", "event", "pressure", "revision", "open attempts", "exhausted"), rows,
                     stream=store.stream_version(session_id) > TABLE_MAX_ROWS)
@@ -531,9 +552,10 @@ def replay(
 def export(
     since: int = typer.Option(0, "--since", help="global position to resume after (the last one you saw)"),
     limit: int = typer.Option(0, "--limit", help="stop after this many events (0 = all)"),
+    as_json: bool = typer.Option(False, "--json", help="errors as JSON too (events are always JSON lines)"),
 ) -> None:
     """All events as JSON lines in global commit order; resumable with --since."""
-    store = _open_store()
+    store = _open_store(as_json=as_json)
     written = 0
     try:
         position = since
@@ -548,7 +570,7 @@ def export(
                 if limit and written >= limit:
                     return
     except TrackerError as exc:
-        _fail(exc)
+        _fail(exc, as_json)
     finally:
         store.close()
 
@@ -563,6 +585,139 @@ def worker(
     from workers.app import start_worker
 
     start_worker(concurrency=concurrency, queues=queues.split(",") if queues else None, loglevel=loglevel)
+
+
+@app.command()
+def serve(
+    host: str = typer.Option("127.0.0.1", "--host", help="address to bind"),
+    port: int = typer.Option(8080, "--port", help="TCP port"),
+    workers: int = typer.Option(1, "--workers", help="server processes (each with its own Tracker)"),
+    log_level: str = typer.Option("info", "--log-level", help="uvicorn log level"),
+    access_log: bool = typer.Option(True, "--access-log/--no-access-log", help="log every request"),
+) -> None:
+    """Serve the HTTP API (FastAPI on uvicorn): per-fleet keys, /healthz, /readyz, /metrics, /openapi.json."""
+    from tracker.api import ApiConfig, serve as run_server
+
+    if not 1 <= workers <= 256:
+        _fail(_invalid("workers", f"must be between 1 and 256, got {workers}"))
+    if not 0 <= port <= 65535:
+        _fail(_invalid("port", f"must be between 0 and 65535, got {port}"))
+    _settings()
+    try:
+        ApiConfig.from_env()
+    except TrackerError as exc:
+        _fail(exc)
+    run_server(host=host, port=port, workers=workers, log_level=log_level, access_log=access_log)
+
+
+fleet_app = typer.Typer(help="Fleets: the HTTP API's tenants (every session belongs to one).", no_args_is_help=True)
+key_app = typer.Typer(help="Fleet API keys for the HTTP API (stored hashed; a token is shown once).", no_args_is_help=True)
+app.add_typer(fleet_app, name="fleet")
+app.add_typer(key_app, name="key")
+
+
+def _fleet_store(as_json: bool) -> Any:
+    from tracker.fleets import FleetStore
+
+    store = _open_store(as_json=as_json)
+    return store, FleetStore(store.engine)
+
+
+@fleet_app.command("create")
+def fleet_create(name: str = typer.Argument(..., help="fleet name, 1-100 of [A-Za-z0-9._-]"),
+                 as_json: bool = typer.Option(False, "--json")) -> None:
+    """Create a fleet."""
+    store, fleets = _fleet_store(as_json)
+    try:
+        fleet = fleets.create_fleet(name)
+    except TrackerError as exc:
+        _fail(exc, as_json)
+    finally:
+        store.close()
+    if as_json:
+        print(json.dumps(fleet))
+    else:
+        console.print(f"[green]fleet[/] {fleet['name']} id [bold]{fleet['fleet_id']}[/]; next: tracker key create {fleet['name']}")
+
+
+@fleet_app.command("list")
+def fleet_list(as_json: bool = typer.Option(False, "--json")) -> None:
+    """List fleets with their number of active keys."""
+    store, fleets = _fleet_store(as_json)
+    try:
+        rows = fleets.list_fleets()
+    except TrackerError as exc:
+        _fail(exc, as_json)
+    finally:
+        store.close()
+    if as_json:
+        print(json.dumps(rows))
+        return
+    t = Table(title=f"{len(rows)} fleets")
+    for col in ("fleet id", "name", "active keys", "created"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(r["fleet_id"], r["name"], str(r["active_keys"]), str(r["created_at"])[:19])
+    console.print(t)
+
+
+@key_app.command("create")
+def key_create(fleet: str = typer.Argument(..., help="fleet id or name"),
+               as_json: bool = typer.Option(False, "--json")) -> None:
+    """Create an API key for a fleet and print its token (shown only this once)."""
+    store, fleets = _fleet_store(as_json)
+    try:
+        record, token = fleets.create_key(fleet)
+    except TrackerError as exc:
+        _fail(exc, as_json)
+    finally:
+        store.close()
+    if as_json:
+        print(json.dumps({**record, "token": token}))
+    else:
+        console.print(f"key [bold]{record['key_id']}[/] for fleet {record['fleet']} ({record['fleet_id']}). "
+                      "The token is shown only now:")
+        print(token)
+
+
+@key_app.command("list")
+def key_list(fleet: str = typer.Argument(..., help="fleet id or name"),
+             as_json: bool = typer.Option(False, "--json")) -> None:
+    """List a fleet's keys (ids and dates; tokens are never stored)."""
+    store, fleets = _fleet_store(as_json)
+    try:
+        rows = fleets.list_keys(fleet)
+    except TrackerError as exc:
+        _fail(exc, as_json)
+    finally:
+        store.close()
+    if as_json:
+        print(json.dumps(rows))
+        return
+    t = Table(title=f"{len(rows)} keys")
+    for col in ("key id", "fleet", "created", "revoked"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(r["key_id"], r["fleet"], str(r["created_at"])[:19], str(r["revoked_at"] or "")[:19])
+    console.print(t)
+
+
+@key_app.command("revoke")
+def key_revoke(key_id: str = typer.Argument(..., help="key id (from `tracker key list FLEET`)"),
+               as_json: bool = typer.Option(False, "--json")) -> None:
+    """Revoke a key: servers refuse it (401) within TRACKER_API_KEY_CACHE_S (1 s by default)."""
+    store, fleets = _fleet_store(as_json)
+    try:
+        result = fleets.revoke_key(key_id)
+    except TrackerError as exc:
+        _fail(exc, as_json)
+    finally:
+        store.close()
+    if as_json:
+        print(json.dumps(result))
+    else:
+        note = " (it already was)" if result["already_revoked"] else ""
+        console.print(f"[green]revoked[/] key {key_id}{note}")
 
 
 def main() -> None:  # pragma: no cover

@@ -57,6 +57,7 @@ def whatif_rows(stored: Iterable[Any], policy: Policy, session_id: str) -> Itera
             continue
         runner.line_no += 1
         out = runner.step(op)
+        runner.events.clear()  # the runner keeps every event it decided; a replay needs only the state
         row = {"version": e.version, "op": op["op"], "whatif": out}
         if e.type == "ContextMeasured":
             row["recorded_action"] = d["action"]
@@ -68,6 +69,7 @@ def whatif_rows(stored: Iterable[Any], policy: Policy, session_id: str) -> Itera
 
 MAX_TABLE_ROWS = 5000
 MAX_POINTS = 2000
+MAX_MARKERS = 1000
 
 _COLOURS = {"committed": "#2e7d32", "rejected": "#c62828", "open": "#f9a825", "count_failed": "#6a1b9a",
             "context_limit": "#000000"}
@@ -97,6 +99,51 @@ class _Series:
         return self.points
 
 
+class _Markers:
+    """Attempt / failure markers, at most ~MAX_MARKERS: as a session grows, markers of one kind that
+    fall into the same bucket of versions merge into one (its label says how many and which versions).
+    A chart 1000 px wide cannot show more anyway, and memory stays bounded on very long sessions."""
+
+    def __init__(self) -> None:
+        self.items: list[list[Any]] = []  # [x_first, x_last, kind, label_of_first, count]
+        self.width = 1  # versions per bucket
+        self._last: dict[str, list[Any]] = {}  # kind -> its newest item
+
+    def add(self, x: int, kind: str, label: str) -> None:
+        last = self._last.get(kind)
+        if last is not None and last[0] // self.width == x // self.width:
+            last[1], last[4] = x, last[4] + 1
+            return
+        item = [x, x, kind, label, 1]
+        self.items.append(item)
+        self._last[kind] = item
+        if len(self.items) > MAX_MARKERS:
+            self._coarsen()
+
+    def _coarsen(self) -> None:
+        while len(self.items) > MAX_MARKERS // 2:
+            self.width *= 2
+            merged: list[list[Any]] = []
+            open_by_kind: dict[str, list[Any]] = {}
+            for item in self.items:
+                prev = open_by_kind.get(item[2])
+                if prev is not None and prev[0] // self.width == item[0] // self.width:
+                    prev[1], prev[4] = item[1], prev[4] + item[4]
+                    continue
+                merged.append(item)
+                open_by_kind[item[2]] = item
+            self.items = merged
+            self._last = open_by_kind
+
+    def finish(self) -> list[tuple[int, str, str]]:
+        out = []
+        for x0, x1, kind, label, n in self.items:
+            if n > 1:
+                label = f"{n} × {kind.replace('_', ' ')} in v{x0}–v{x1}; first: {label}"
+            out.append((x0, kind, label))
+        return out
+
+
 def render_html(session_id: str, stored: Iterable[Any], out: Any, title: str | None = None) -> dict[str, int]:
     """Write one self-contained HTML file (inline SVG + CSS, no scripts or network) to ``out``.
 
@@ -105,8 +152,8 @@ def render_html(session_id: str, stored: Iterable[Any], out: Any, title: str | N
     from tracker.cli import _summary  # one place for the one-line event summaries
 
     series = _Series()
-    markers: list[tuple[int, str, str]] = []  # (x, kind, label)
-    attempts: dict[str, int] = {}  # attempt_id -> x of start
+    markers = _Markers()
+    attempts: dict[str, int] = {}  # attempt_id -> x of start, while the attempt is open
     rows: list[str] = []
     counts = {"events": 0, "measurements": 0, "attempts": 0, "committed": 0, "rejected": 0, "count_failed": 0,
               "context_limit": 0}
@@ -125,26 +172,29 @@ def render_html(session_id: str, stored: Iterable[Any], out: Any, title: str | N
             attempts[d["attempt_id"]] = x
         elif e.type == "CompactionCommitted":
             counts["committed"] += 1
-            markers.append((x, "committed", f"{d['reason']} attempt committed: {d['tokens_before']} → {d['tokens_after']}"))
+            attempts.pop(d["attempt_id"], None)
+            markers.add(x, "committed", f"{d['reason']} attempt committed: {d['tokens_before']} → {d['tokens_after']}")
         elif e.type == "CompactionRejected":
             counts["rejected"] += 1
-            markers.append((x, "rejected", f"{d['reason']} attempt rejected: {d['reject_reason']}"))
+            attempts.pop(d["attempt_id"], None)
+            markers.add(x, "rejected", f"{d['reason']} attempt rejected: {d['reject_reason']}")
         elif e.type == "CountFailed":
             counts["count_failed"] += 1
-            markers.append((x, "count_failed", f"{d['kind']}: {d['detail']}"))
+            markers.add(x, "count_failed", f"{d['kind']}: {d['detail']}")
         elif e.type == "ContextLimitReached":
             counts["context_limit"] += 1
-            markers.append((x, "context_limit", f"ContextLimitError: {d['input_tokens']} ≥ {d['input_limit']}"))
+            markers.add(x, "context_limit", f"ContextLimitError: {d['input_tokens']} ≥ {d['input_limit']}")
         if len(rows) < MAX_TABLE_ROWS:
             rows.append(
                 f"<tr class='{html.escape(e.type)}'><td>{e.version}</td><td>{html.escape(e.recorded_at.isoformat()[:23])}</td>"
                 f"<td>{html.escape(e.type)}</td><td>{html.escape(_summary(e))}</td></tr>"
             )
+    drawn = markers.finish()
     for aid, x in attempts.items():
         if state.find_open(aid):
-            markers.append((x, "open", f"attempt {aid[:12]} still open"))
+            drawn.append((x, "open", f"attempt {aid[:12]} still open"))
     points = series.finish()
-    svg = _chart(points, markers, max(counts["events"], 1))
+    svg = _chart(points, drawn, max(counts["events"], 1))
     more = counts["events"] - len(rows)
     legend = "".join(
         f"<span class='lg'><i style='background:{c}'></i>{html.escape(k.replace('_', ' '))}</span>" for k, c in _COLOURS.items()

@@ -1,0 +1,361 @@
+"""End to end: the installed ``tracker`` console script, as a user runs it, in subprocesses.
+
+Each test has its own working directory and an environment with no inherited
+``TRACKER_*`` variables. The audit flow (``db upgrade`` → ``demo`` → ``sessions``
+→ ``history`` → ``replay`` (+ ``--at``, + what-if flags) → ``export`` / ``--since``
+→ ``verify`` → a tampered projection makes ``verify`` fail) runs twice:
+
+* on the embedded default (SQLite file, in-process counting and coordination);
+* distributed: a fresh Postgres database, Redis coordination, and a real Celery
+  worker started with ``tracker worker -Q <unique queue>`` that does the counting.
+
+Bad input is checked last: unknown sessions, a bad ``--pressure``, and databases
+that were never upgraded (a missing SQLite file, an empty one, an empty Postgres
+database) all exit non-zero with a message that says what to do.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TRACKER = shutil.which("tracker")
+DEMO_MODELS = ROOT / "examples" / "demo-models.json"
+# The demo's broken-compactor session (the 2nd) reaches its input limit at step 32.
+DEMO_STEPS = 34
+
+pytestmark = pytest.mark.skipif(TRACKER is None, reason="the `tracker` console script is not installed")
+
+
+def base_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRACKER_")}
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    env.update(extra)
+    return env
+
+
+class Cli:
+    """Runs ``tracker ...`` with one environment and working directory."""
+
+    def __init__(self, cwd: Path, env: dict[str, str]) -> None:
+        self.cwd, self.env = cwd, env
+
+    def run(self, *args: Any, ok: bool | None = True, timeout: float = 180) -> subprocess.CompletedProcess:
+        argv = [TRACKER, *map(str, args)]
+        out = subprocess.run(argv, cwd=self.cwd, env=self.env, capture_output=True, text=True, timeout=timeout)
+        if ok is True:
+            assert out.returncode == 0, f"{' '.join(argv[1:])} exited {out.returncode}:\n{out.stderr}\n{out.stdout[-2000:]}"
+        elif ok is False:
+            assert out.returncode != 0, f"{' '.join(argv[1:])} should have failed:\n{out.stdout[-2000:]}"
+        return out
+
+    def json(self, *args: Any, **kw: Any) -> Any:
+        return json.loads(self.run(*args, **kw).stdout)
+
+    def lines(self, *args: Any, **kw: Any) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in self.run(*args, **kw).stdout.splitlines() if line.strip()]
+
+
+# -- the audit flow, shared by both deployments --------------------------------------------------
+
+
+def check_demo_summary(result: dict[str, Any], n_sessions: int, distributed: bool) -> None:
+    rows = result["sessions"]
+    assert len(rows) == n_sessions
+    assert result["distributed"] == {"redis": distributed, "broker": distributed}
+    broken = [r for r in rows if r["outcome"] == "ContextLimitError"]
+    assert len(broken) == 1, [(r["session_id"], r["outcome"]) for r in rows]
+    b = broken[0]
+    assert b["context_limit_errors"] == 1 and b["pressure"] == "hard_limit"
+    assert b["compactions_committed"] == 0 and b["compactions_rejected"] >= 1  # its compactor always fails
+    assert sum(r["compactions_committed"] for r in rows) >= 1
+    assert sum(r["count_failures"] for r in rows) >= 1  # the slow counter's CountTimeout, recorded
+    for r in rows:
+        if r["outcome"] == "finished":  # every step was either measured or a recorded count failure
+            assert r["measurements"] + r["count_failures"] == DEMO_STEPS, r
+
+
+def audit_flow(cli: Cli, *, workers: int, sessions: int, distributed: bool) -> dict[str, Any]:
+    up = cli.json("db", "upgrade", "--json")
+    assert up["ok"] is True and up["revision"]
+
+    demo = cli.json("demo", "--workers", workers, "--sessions", sessions, "--steps", DEMO_STEPS, "--json")
+    n = workers * sessions
+    check_demo_summary(demo, n, distributed)
+    by_id = {r["session_id"]: r for r in demo["sessions"]}
+    sid = next(r["session_id"] for r in demo["sessions"] if r["outcome"] == "ContextLimitError")
+
+    # sessions: the projection rows agree with the summary
+    listed = {r["session_id"]: r for r in cli.json("sessions", "--json")}
+    assert set(by_id) <= set(listed)
+    for s, r in by_id.items():
+        assert listed[s]["version"] == r["events"]
+        assert listed[s]["pressure"] == r["pressure"] and listed[s]["revision"] == r["revision"]
+    assert [r["session_id"] for r in cli.json("sessions", "--pressure", "hard_limit", "--json")] == [sid]
+
+    # history: versions 1..n with no gaps, the story of a failing session
+    hist = cli.lines("history", sid, "--json")
+    assert [e["version"] for e in hist] == list(range(1, by_id[sid]["events"] + 1))
+    assert all(e["session_id"] == sid for e in hist)
+    types = [e["type"] for e in hist]
+    assert types[0] == "SessionStarted" and types[-1] == "ContextLimitReached"
+    assert types.count("CompactionRejected") == by_id[sid]["compactions_rejected"]
+    assert types.count("ContextMeasured") == by_id[sid]["measurements"]
+    assert [e["position"] for e in hist] == sorted(e["position"] for e in hist)
+    tail = cli.lines("history", sid, "--from-version", 10, "--json")
+    assert tail == hist[9:]
+    assert "ContextLimitReached" in cli.run("history", sid).stdout  # the table view
+
+    # replay: the state after every event; the last one is the stored projection
+    steps = cli.lines("replay", sid, "--json")
+    assert [s["version"] for s in steps] == list(range(1, len(hist) + 1))
+    assert [s["type"] for s in steps] == types
+    final = steps[-1]["state"]
+    assert final == listed[sid]["state"]
+    assert final["pressure"] == "hard_limit" and final["revision"] == 1
+    at = len(hist) // 2
+    partial = cli.lines("replay", sid, "--at", at, "--json")
+    assert partial == steps[:at]
+    assert "replay of" in cli.run("replay", sid, "--at", at).stdout
+
+    # what-if on the recorded measurements: lower thresholds
+    rows = cli.lines("replay", sid, "--compact-at", 7000, "--rearm-below", 5000, "--json")
+    measured = [e for e in hist if e["type"] == "ContextMeasured"]
+    measure_rows = [r for r in rows if r["op"] == "measure"]
+    assert [r["version"] for r in measure_rows] == [e["version"] for e in measured]
+    for r, e in zip(measure_rows, measured):
+        assert r["recorded_action"] == e["data"]["action"]
+        assert r["whatif"]["compact_level"] < e["data"]["compact_level"]
+        assert r["whatif"]["threshold_bp"] == 7000
+    assert any(r["changed"] for r in measure_rows)  # it would have compacted earlier
+    assert "decisions would change" in cli.run("replay", sid, "--compact-at", 7000, "--rearm-below", 5000).stdout
+
+    # export: every event once, global order, resumable
+    everything = cli.lines("export", "--json")
+    assert len(everything) == sum(r["events"] for r in demo["sessions"]) + sum(
+        r["version"] for s, r in listed.items() if s not in by_id)
+    positions = [e["position"] for e in everything]
+    assert positions == sorted(positions) and len(set(positions)) == len(positions)
+    assert len({(e["session_id"], e["version"]) for e in everything}) == len(everything)
+    assert [e for e in everything if e["session_id"] == sid] == hist
+    half = len(everything) // 2
+    first = cli.lines("export", "--limit", half)
+    rest = cli.lines("export", "--since", first[-1]["position"])
+    assert first + rest == everything
+    assert cli.lines("export", "--since", everything[-1]["position"]) == []
+
+    # verify: every projection equals the fold of its log
+    v = cli.json("verify", "--json")
+    assert v == {"ok": True, "sessions": len(listed), "differences": []}
+    assert "every projection equals the fold" in cli.run("verify").stdout
+    return {"sid": sid, "final": final, "events": len(hist)}
+
+
+def check_tampering_is_caught(cli: Cli, sid: str, tamper) -> None:
+    """A projection row that is not the fold of its log makes `tracker verify` exit 1, naming it."""
+    tamper()
+    out = cli.run("verify", "--json", ok=False)
+    assert out.returncode == 1
+    report = json.loads(out.stdout)
+    assert report["ok"] is False
+    assert {(d["session_id"], d["field"]) for d in report["differences"]} >= {(sid, "state")}
+    human = cli.run("verify", ok=False)
+    assert human.returncode == 1 and sid in human.stderr
+
+
+# -- embedded default -------------------------------------------------------------------------------
+
+
+def test_embedded_default_audit_flow(tmp_path):
+    db = tmp_path / "t.db"
+    cli = Cli(tmp_path, base_env(TRACKER_DATABASE_URL=f"sqlite:///{db}"))
+    out = audit_flow(cli, workers=2, sessions=2, distributed=False)
+    sid = out["sid"]
+
+    # the HTML report of the failing session (its content is checked in a browser by test_replay_html.py)
+    report = cli.json("replay", sid, "--html", tmp_path / "r.html", "--json")
+    assert report["context_limit"] == 1 and report["committed"] == 0 and report["rejected"] >= 1
+    assert report["events"] == out["events"]
+    html = (tmp_path / "r.html").read_text(encoding="utf-8")
+    assert "<svg id=\"timeline\"" in html and sid in html
+
+    def tamper() -> None:
+        with sqlite3.connect(db) as conn:
+            (state,) = conn.execute("SELECT state FROM sessions WHERE session_id = ?", (sid,)).fetchone()
+            state = json.loads(state)
+            state["pressure"] = "normal"
+            conn.execute("UPDATE sessions SET state = ? WHERE session_id = ?", (json.dumps(state), sid))
+
+    check_tampering_is_caught(cli, sid, tamper)
+
+
+def test_db_upgrade_creates_the_embedded_default_in_a_fresh_directory(tmp_path):
+    """No TRACKER_DATABASE_URL: the default .tracker/tracker.db, whose directory does not exist yet."""
+    cli = Cli(tmp_path, base_env())
+    assert cli.json("db", "upgrade", "--json")["ok"] is True
+    assert (tmp_path / ".tracker" / "tracker.db").is_file()
+    assert cli.json("sessions", "--json") == []
+    assert cli.json("verify", "--json") == {"ok": True, "sessions": 0, "differences": []}
+
+
+# -- distributed: Postgres + Redis + a real Celery worker ------------------------------------------
+
+
+class Worker:
+    """``tracker worker`` in its own process group; stopped (group and pool children) on exit."""
+
+    def __init__(self, cwd: Path, env: dict[str, str], queue: str) -> None:
+        self.log_path = cwd / "worker.log"
+        self.log = self.log_path.open("w")
+        self.proc = subprocess.Popen([TRACKER, "worker", "-c", "2", "-Q", queue, "--loglevel", "info"], cwd=cwd, env=env,
+                                     stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"tracker worker exited with {self.proc.returncode}:\n{self.output()[-3000:]}")
+            if " ready." in self.output():
+                return
+            time.sleep(0.1)
+        raise AssertionError(f"tracker worker not ready after {timeout}s:\n{self.output()[-3000:]}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+            except ProcessLookupError:
+                pass
+        try:  # pool children left behind by a worker that died first
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.log.close()
+
+
+@pytest.mark.postgres
+@pytest.mark.redis
+@pytest.mark.celery
+def test_distributed_audit_flow(tmp_path, pg_url, redis_url):
+    queue = f"ct-e2e-{uuid.uuid4().hex[:10]}"
+    broker = "redis://127.0.0.1:6379/3"
+    env = base_env(
+        TRACKER_DATABASE_URL=pg_url,
+        TRACKER_REDIS_URL=redis_url,
+        TRACKER_BROKER_URL=broker,
+        TRACKER_COUNT_QUEUE=queue,
+        TRACKER_MODELS_FILE=str(DEMO_MODELS),
+    )
+    worker = Worker(tmp_path, env, queue)
+    try:
+        worker.wait_ready()
+        cli = Cli(tmp_path, env)
+        out = audit_flow(cli, workers=2, sessions=1, distributed=True)
+        log = worker.output()
+        assert log.count("Task workers.tasks.count[") >= DEMO_STEPS, "the worker did the counting"
+        assert "succeeded" in log
+    finally:
+        worker.stop()
+    assert worker.proc.poll() is not None
+
+    import psycopg
+
+    sid = out["sid"]
+
+    def tamper() -> None:
+        with psycopg.connect(pg_url.replace("postgresql+psycopg://", "postgresql://", 1), autocommit=True) as conn:
+            (kind,) = conn.execute("SELECT data_type FROM information_schema.columns "
+                                   "WHERE table_name = 'sessions' AND column_name = 'state'").fetchone()
+            cur = conn.execute(f"UPDATE sessions SET state = jsonb_set(state::jsonb, '{{pressure}}', '\"normal\"')::{kind} "
+                               "WHERE session_id = %s", (sid,))
+            assert cur.rowcount == 1
+
+    check_tampering_is_caught(Cli(tmp_path, env), sid, tamper)
+
+
+# -- bad input --------------------------------------------------------------------------------------
+
+
+def test_unknown_session_and_bad_options(tmp_path):
+    cli = Cli(tmp_path, base_env(TRACKER_DATABASE_URL=f"sqlite:///{tmp_path / 't.db'}"))
+    cli.run("db", "upgrade")
+
+    for cmd in (("history", "nope"), ("replay", "nope", "--html", tmp_path / "nope.html")):
+        out = cli.run(*cmd, ok=False)
+        assert out.returncode == 2 and "no session nope" in out.stderr, out.stderr
+        assert "Traceback" not in out.stderr
+    for cmd in (("history", "nope"), ("replay", "nope"), ("replay", "nope", "--compact-at", 7000)):
+        j = cli.run(*cmd, "--json", ok=False)
+        assert j.returncode == 2
+        assert json.loads(j.stdout) == {"code": "unknown_session", "error": "UnknownSession",
+                                        "message": "no session nope", "session_id": "nope"}
+    assert not (tmp_path / "nope.html").exists()
+
+    bad_id = cli.run("history", "bad id!", "--json", ok=False)
+    assert json.loads(bad_id.stdout)["code"] == "invalid_session_id"
+
+    p = cli.run("sessions", "--pressure", "bogus", ok=False)
+    assert "pressure" in p.stderr and "bogus" in p.stderr and "Traceback" not in p.stderr
+    pj = json.loads(cli.run("sessions", "--pressure", "bogus", "--json", ok=False).stdout)
+    assert pj["code"] == "invalid_input" and pj["field"] == "pressure"
+    # user text is not read as terminal markup
+    m = cli.run("sessions", "--pressure", "[/bold]", ok=False)
+    assert m.returncode == 2 and "[/bold]" in m.stderr and "Traceback" not in m.stderr
+
+    assert cli.run("export", "--since", -1, ok=False).returncode == 2
+    assert json.loads(cli.run("sessions", "--since", "yesterday", "--json", ok=False).stdout)["field"] == "since"
+
+
+DATA_COMMANDS = (("sessions",), ("history", "s1"), ("replay", "s1"), ("verify",), ("export",))
+
+
+def _check_refuses_unupgraded(cli: Cli, commands: tuple[tuple[str, ...], ...] = DATA_COMMANDS) -> None:
+    for i, cmd in enumerate(commands):
+        if i % 2 == 0:
+            out = cli.run(*cmd, ok=False)
+            assert out.returncode == 2, (cmd, out.stderr)
+            assert "run `tracker db upgrade`" in out.stderr, (cmd, out.stderr)  # on one line, copyable
+            assert "Traceback" not in out.stderr
+        else:
+            j = json.loads(cli.run(*cmd, "--json", ok=False).stdout)
+            assert j["code"] == "schema_out_of_date" and "run `tracker db upgrade`" in j["message"], (cmd, j)
+
+
+def test_unupgraded_sqlite_is_refused_with_the_fix(tmp_path):
+    missing = tmp_path / "missing.db"
+    _check_refuses_unupgraded(Cli(tmp_path, base_env(TRACKER_DATABASE_URL=f"sqlite:///{missing}")),
+                              DATA_COMMANDS + DATA_COMMANDS[:1])  # every command; text and --json alternate
+    assert not missing.exists(), "looking at a database must not create it"
+
+    empty = tmp_path / "empty.db"
+    sqlite3.connect(empty).close()
+    cli = Cli(tmp_path, base_env(TRACKER_DATABASE_URL=f"sqlite:///{empty}"))
+    _check_refuses_unupgraded(cli, (("history", "s1"), ("verify",)))
+    cli.run("db", "upgrade")
+    assert cli.json("sessions", "--json") == []
+
+
+@pytest.mark.postgres
+def test_unupgraded_postgres_is_refused_with_the_fix(tmp_path, pg_url):
+    cli = Cli(tmp_path, base_env(TRACKER_DATABASE_URL=pg_url))
+    _check_refuses_unupgraded(cli, (("sessions",), ("replay", "s1")))
+    cli.run("db", "upgrade")
+    assert cli.json("verify", "--json")["ok"] is True

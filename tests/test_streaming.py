@@ -1,0 +1,220 @@
+"""Very long sessions: the audit commands stream, their memory does not grow with the session.
+
+A 100k-event session and a 10k-event one are written straight through the event
+store (``open_store(...).append`` in batches of 500) with events the decision core
+itself produced: ``decide_measure`` / ``decide_commit`` / ``decide_reject`` /
+``decide_count_failed`` on a simulated agent whose context grows, compacts, and now
+and then meets a broken compactor and runs into its limit. Then ``tracker history
+--json``, ``tracker replay --json``, ``tracker replay --html`` and the what-if replay
+run as subprocesses; each one's peak RSS is measured (``RUSAGE_CHILDREN`` of a tiny
+wrapper process, so each figure is that one command's) and must stay under a fixed
+bound (250 MB) and within 30 MB of the same command on the 10× shorter session (measured:
+about 88 MB for every command, 95 MB for --html, on either size).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+TRACKER = shutil.which("tracker")
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(TRACKER is None, reason="the `tracker` console script is not installed")]
+
+LONG, SHORT = 100_000, 10_000
+BATCH = 500
+MAX_RSS_MB = 250
+MAX_GROWTH_MB = 30  # peak RSS of the long session minus that of the short one
+
+_WRAPPER = (
+    "import resource, subprocess, sys\n"
+    "with open(sys.argv[1], 'wb') as out:\n"
+    "    rc = subprocess.call(sys.argv[2:], stdout=out)\n"
+    "print(rc, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n"
+)
+
+
+def build_session(url: str, session_id: str, n_events: int, seed: int = 7) -> dict[str, int]:
+    """Append ~n_events core-decided events to one session; returns counts by type."""
+    from tracker.core import (
+        Measurement,
+        Policy,
+        SessionProjector,
+        SessionState,
+        decide_commit,
+        decide_count_failed,
+        decide_measure,
+        decide_reject,
+    )
+    from tracker.errors import CountTimeout
+    from tracker.store import NewEvent, open_store
+
+    rng = random.Random(seed)
+    store = open_store(url, projector=SessionProjector())
+    policy = Policy()
+    state = SessionState(session_id=session_id)
+    limit, tokens, step, version, now = 100_000, 20_000, 0, 0, 1_800_000_000.0
+    pending: list[Any] = []
+    counts: dict[str, int] = {}
+
+    def emit(outcome: Any) -> Any:
+        nonlocal state
+        for e in outcome.events:
+            pending.append(NewEvent(e.TYPE, e.to_data()))
+            counts[e.TYPE] = counts.get(e.TYPE, 0) + 1
+        state = outcome.state
+        return outcome
+
+    try:
+        while version + len(pending) < n_events:
+            step += 1
+            now += 0.5
+            broken = step % 400 >= 370  # now and then the compactor fails for a while
+            if step % 97 == 0:
+                emit(decide_count_failed(state, policy, CountTimeout("no count within 2s", model="gpt-4o"),
+                                         model="gpt-4o", duration_ms=2000, now=now))
+            else:
+                tokens = min(limit + 4000, tokens + rng.randint(300, 2500))
+                m = Measurement.from_data({
+                    "basis": f"r{state.revision}:m{step}", "input_tokens": tokens, "input_limit": limit,
+                    "quality": "exact_local", "model": {"provider": "openai", "name": "gpt-4o"},
+                    "fingerprint": f"{step:064x}",
+                }, state.revision)
+                d = emit(decide_measure(state, policy, m, now=now, new_attempt_id=f"{session_id}-a{step}")).decision
+                if d.action == "compact":
+                    now += 1.5
+                    a = d.attempt
+                    if broken:
+                        emit(decide_reject(state, attempt_id=a.attempt_id, fencing_token=a.fencing_token,
+                                           reject_reason="summarizer_error", now=now))
+                    else:
+                        tokens = rng.randint(15_000, 35_000)
+                        emit(decide_commit(state, attempt_id=a.attempt_id, fencing_token=a.fencing_token,
+                                           tokens_after=tokens, now=now))
+                elif d.action == "context_limit":
+                    tokens = rng.randint(20_000, 30_000)  # the agent dropped its history and started over
+            if len(pending) >= BATCH:
+                store.append(session_id, version, pending)
+                version += len(pending)
+                pending = []
+        if pending:
+            store.append(session_id, version, pending)
+            version += len(pending)
+    finally:
+        store.close()
+    counts["total"] = version
+    return counts
+
+
+@pytest.fixture(scope="module")
+def sessions(tmp_path_factory) -> dict[str, Any]:
+    from tracker.store import upgrade
+
+    d = tmp_path_factory.mktemp("streaming")
+    url = f"sqlite:///{d / 'tracker.db'}"
+    upgrade(url)
+    long_counts = build_session(url, "long-session", LONG)
+    short_counts = build_session(url, "short-session", SHORT, seed=8)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRACKER_")}
+    env["TRACKER_DATABASE_URL"] = url
+    return {"dir": d, "url": url, "env": env,
+            "counts": {"long-session": long_counts, "short-session": short_counts}}
+
+
+def peak_rss_mb(s: dict[str, Any], args: list[str], out: Path) -> float:
+    """Run ``tracker *args`` (stdout to ``out``); return its peak RSS in MB."""
+    r = subprocess.run([sys.executable, "-c", _WRAPPER, str(out), TRACKER, *args], cwd=s["dir"], env=s["env"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    rc, kb = map(int, r.stdout.split())
+    assert rc == 0, f"tracker {' '.join(args)} exited {rc}: {r.stderr[-2000:]}"
+    return kb / 1024
+
+
+def test_the_sessions_are_long_and_realistic(sessions):
+    c = sessions["counts"]["long-session"]
+    assert c["total"] >= LONG
+    for kind in ("ContextMeasured", "CompactionStarted", "CompactionCommitted", "CompactionRejected",
+                 "CountFailed", "ContextLimitReached"):
+        assert c.get(kind, 0) > 10, (kind, c)
+
+
+COMMANDS = {  # name -> argv for a session id and the output directory
+    "history --json": lambda sid, d: ["history", sid, "--json"],
+    "replay --json": lambda sid, d: ["replay", sid, "--json"],
+    "replay --html": lambda sid, d: ["replay", sid, "--html", str(d / f"{sid}.html"), "--json"],
+    "replay --compact-at 7000 --json": lambda sid, d: ["replay", sid, "--compact-at", "7000", "--json"],
+}
+
+
+def _out(d: Path, name: str, sid: str) -> Path:
+    return d / f"{sid}.{name.replace(' ', '').replace('--', '-')}.out"
+
+
+@pytest.mark.timeout(240)
+def test_audit_commands_stream_in_bounded_memory(sessions, record_property):
+    d = sessions["dir"]
+    figures: dict[str, dict[str, float]] = {}
+    for name, argv in COMMANDS.items():
+        for sid in ("short-session", "long-session"):
+            figures.setdefault(name, {})[sid] = round(peak_rss_mb(sessions, argv(sid, d), _out(d, name, sid)), 1)
+    record_property("peak_rss_mb", json.dumps(figures))
+    print("\npeak RSS (MB):", json.dumps(figures))
+    for name, f in figures.items():
+        assert f["long-session"] < MAX_RSS_MB, (name, f)
+        assert f["long-session"] - f["short-session"] < MAX_GROWTH_MB, f"`tracker {name}` grows with the session: {f}"
+
+    # ... and the outputs are complete
+    from tracker.core import SessionProjector
+    from tracker.store import open_store
+
+    sid = "long-session"
+    c = sessions["counts"][sid]
+    n = c["total"]
+    store = open_store(sessions["url"], projector=SessionProjector())
+    try:
+        projection, version = store.load(sid)
+    finally:
+        store.close()
+    assert version == n
+
+    seen = 0
+    with _out(d, "history --json", sid).open(encoding="utf-8") as fh:
+        for seen, line in enumerate(fh, start=1):
+            assert json.loads(line)["version"] == seen
+    assert seen == n
+
+    last = None
+    with _out(d, "replay --json", sid).open(encoding="utf-8") as fh:
+        for seen, line in enumerate(fh, start=1):
+            last = line
+    assert seen == n
+    last_step = json.loads(last)
+    assert last_step["version"] == n and last_step["state"] == projection
+
+    html_counts = json.loads(_out(d, "replay --html", sid).read_text())
+    assert html_counts["events"] == n
+    assert html_counts["committed"] == c["CompactionCommitted"] and html_counts["rejected"] == c["CompactionRejected"]
+    assert html_counts["count_failed"] == c["CountFailed"] and html_counts["context_limit"] == c["ContextLimitReached"]
+    page = (d / f"{sid}.html").read_text(encoding="utf-8")
+    assert len(page) < 5_000_000, "the report is bounded too (chart points, markers and table rows are capped)"
+    assert page.count("<tr class=") == 5000 and f"and {n - 5000} more events" in page
+    markers = page.count("<g class='marker ")
+    assert 0 < markers <= 1000, markers
+
+    measured = 0
+    with _out(d, "replay --compact-at 7000 --json", sid).open(encoding="utf-8") as fh:
+        for line in fh:
+            row = json.loads(line)
+            if row["op"] == "measure":
+                measured += 1
+                assert row["whatif"].get("threshold_bp") == 7000 or "error" in row["whatif"]
+    assert measured == c["ContextMeasured"]
