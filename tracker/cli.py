@@ -130,7 +130,7 @@ def whatif(
     if trace is not None and not trace.exists():
         err_console.print(f"[bold red]error[/]: trace file {trace} does not exist")
         raise typer.Exit(2)
-    runner = WhatIf(policy=policy)
+    runner = WhatIf(policy=policy, keep_events=False)
     lines = trace.open(encoding="utf-8") if trace is not None else sys.stdin
     if not table:
         for out in runner.run(lines):

@@ -48,7 +48,6 @@ def plan_fleet(run_id: str, workers: int, sessions_per_worker: int, steps: int) 
 
 
 def _run_session(tracker: Any, plan: Plan, progress: Any) -> dict[str, Any]:
-    from tracker.core import Basis
     from tracker.demo_agent import Agent
     from tracker.errors import ContextLimitError, CountError
 
@@ -62,12 +61,9 @@ def _run_session(tracker: Any, plan: Plan, progress: Any) -> dict[str, Any]:
         try:
             if plan.manual_at == step:
                 a = tracker.request_compaction(plan.session_id)
-                agent.compact()
-                after = tracker.counting.measure(agent.request(), model=MODEL, basis=Basis(revision, agent.through),
-                                                 policy=tracker.policy).input_tokens
-                tracker.commit(plan.session_id, a.attempt_id, a.fencing_token, after)
-                revision += 1
-                basis = f"r{revision}:{agent.through}"
+                if _compact(tracker, agent, plan, a, revision):
+                    revision += 1
+                    basis = f"r{revision}:{agent.through}"
             r = tracker.observe(plan.session_id, request=agent.request(), model=model, basis=basis)
         except ContextLimitError:
             outcome = "ContextLimitError"
@@ -80,16 +76,30 @@ def _run_session(tracker: Any, plan: Plan, progress: Any) -> dict[str, Any]:
             a = r.attempt
             if plan.broken_compactor:
                 tracker.reject(plan.session_id, a.attempt_id, a.fencing_token, "summarizer_error")
-            else:
-                agent.compact()
-                after = tracker.counting.measure(agent.request(), model=MODEL, basis=Basis(revision, agent.through),
-                                                 policy=tracker.policy).input_tokens
-                tracker.commit(plan.session_id, a.attempt_id, a.fencing_token, after)
+            elif _compact(tracker, agent, plan, a, revision):
                 revision += 1
         elif r.action == "wait":
             tracker.wait(plan.session_id, r.decision.waiting_on.attempt_id, timeout=30)
         progress.put(("step", plan.session_id, 1))
     return {"session_id": plan.session_id, "outcome": outcome}
+
+
+def _compact(tracker: Any, agent: Any, plan: Plan, attempt: Any, revision: int) -> bool:
+    """Compact the agent's history, count the result and commit; reject if the count can't be trusted."""
+    from tracker.core import Basis
+    from tracker.errors import CountError
+
+    before = list(agent.messages)
+    agent.compact()
+    try:
+        after = tracker.counting.measure(agent.request(), model=MODEL, basis=Basis(revision, agent.through),
+                                         policy=tracker.policy).input_tokens
+    except CountError:
+        agent.messages = before  # the compaction is not applied: its size is unknown
+        tracker.reject(plan.session_id, attempt.attempt_id, attempt.fencing_token, "count_failed")
+        return False
+    tracker.commit(plan.session_id, attempt.attempt_id, attempt.fencing_token, after)
+    return True
 
 
 def _worker(plans: list[Plan], env: dict[str, str], progress: Any) -> list[dict[str, Any]]:

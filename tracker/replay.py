@@ -37,7 +37,7 @@ def whatif_rows(stored: Iterable[Any], policy: Policy, session_id: str) -> Itera
     """Re-decide the recorded measurements under ``policy``; one row per recorded operation."""
     from tracker.whatif import WhatIf
 
-    runner = WhatIf(policy=policy, session_id=session_id)
+    runner = WhatIf(policy=policy, session_id=session_id, keep_events=False)
     for e in stored:
         d = e.data
         op: dict[str, Any] | None = None
@@ -57,7 +57,6 @@ def whatif_rows(stored: Iterable[Any], policy: Policy, session_id: str) -> Itera
             continue
         runner.line_no += 1
         out = runner.step(op)
-        runner.events.clear()  # the runner keeps every event it decided; a replay needs only the state
         row = {"version": e.version, "op": op["op"], "whatif": out}
         if e.type == "ContextMeasured":
             row["recorded_action"] = d["action"]

@@ -49,6 +49,7 @@ class WhatIf:
     session_id: str = "whatif"
     state: SessionState = field(init=False)
     line_no: int = 0
+    keep_events: bool = True  # the CLI turns this off so long traces run in constant memory
     events: list[Any] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -75,7 +76,8 @@ class WhatIf:
             return _error(exc)
         # only a well-formed op reaches here: its events are the new truth
         self.state = outcome.state
-        self.events.extend(outcome.events)
+        if self.keep_events:
+            self.events.extend(outcome.events)
         if outcome.error is not None and not out:
             return _error(outcome.error)
         return out
