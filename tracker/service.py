@@ -10,8 +10,10 @@ state, so the retry sees that process's attempt and does not open another).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -84,6 +86,7 @@ class Tracker:
         self.coordinator = coordinator or coordinator_from_url(None)
         self.clock = clock
         self.new_id = new_id
+        self._states = _StateCache()
 
     @classmethod
     def from_settings(cls, settings: Settings | None = None, **overrides: Any) -> "Tracker":
@@ -149,11 +152,20 @@ class Tracker:
                 return self._replayed(session_id, earlier), earlier.last_version
         deadline = time.monotonic() + CONFLICT_RETRY_S
         attempt = 0
+        fresh = False
         while True:
             with self.coordinator.session_lock(session_id):
-                state = self._load(session_id)
+                # The state this process last recorded is used optimistically: if another process
+                # appended since, the append below is refused by its version check and we re-decide
+                # on the state read from the database. So a cached state is never trusted alone.
+                state = None if fresh else self._states.get(session_id)
+                if state is None:
+                    state, fresh = self._load(session_id), True
                 outcome = decide(state)
                 if not outcome.events:
+                    if not fresh:  # nothing to append, so no version check: confirm on the record
+                        fresh = True
+                        continue
                     return outcome, state.version
                 try:
                     result = self.store.append(
@@ -162,10 +174,21 @@ class Tracker:
                     )
                 except ConcurrencyConflict:
                     result = None
+                    self._states.pop(session_id)
+                except BaseException:
+                    self._states.pop(session_id)
+                    raise
+                if result is not None and not result.replayed:
+                    self._states.put(session_id, outcome.state)
             if result is not None:
                 if result.replayed:
+                    self._states.pop(session_id)
                     return self._replayed(session_id, result), result.last_version
                 return outcome, result.last_version
+            if not fresh:  # a stale cached state: re-decide at once on the record
+                fresh = True
+                continue
+            fresh = True
             attempt += 1
             if time.monotonic() >= deadline:
                 raise ConcurrencyConflict(
@@ -211,15 +234,18 @@ class Tracker:
 
         resolve_threshold(self.policy.compact_at_bp, self.policy.rearm_below_bp, compaction_threshold, scope, scope_confidence)
 
+        # A bare basis ("msg-41") means "at the session's current revision": it is resolved
+        # inside the decision, against the state being decided on (validated here first).
         if measurement is not None:
-            current = self._load(session_id).revision
-            m = measurement if isinstance(measurement, Measurement) else Measurement.from_data(measurement, current)
+            m = measurement if isinstance(measurement, Measurement) else Measurement.from_data(measurement, 1)
+            raw_basis: Any = measurement.basis if isinstance(measurement, Measurement) else measurement["basis"]
         else:
             if model is None:
                 raise InvalidInput("model", "is required when counting a request")
             if basis is None:
                 raise InvalidInput("basis", "is required when counting a request")
-            b = Basis.parse(basis, self._load(session_id).revision)
+            raw_basis = basis
+            b = Basis.parse(basis, 1)
             if self.counting is None:
                 raise InvalidInput("request", "this tracker has no counting backend; pass measurement=")
             started = time.monotonic()
@@ -238,7 +264,7 @@ class Tracker:
         outcome, version = self._record(
             session_id,
             lambda st: decide_measure(
-                st, self.policy, m, now=self.clock(), new_attempt_id=attempt_id,
+                st, self.policy, _at_revision(m, raw_basis, st.revision), now=self.clock(), new_attempt_id=attempt_id,
                 compaction_threshold=compaction_threshold, scope=scope, scope_confidence=scope_confidence,
                 overhead_tokens=overhead_tokens,
             ),
@@ -256,11 +282,13 @@ class Tracker:
     ) -> Attempt:
         """Open a manual attempt (regardless of pressure; at most one manual attempt open)."""
         check_session_id(session_id)
-        b = Basis.parse(basis, self._load(session_id).revision) if basis is not None else None
+        if basis is not None:
+            Basis.parse(basis, 1)  # validate before anything is written
         attempt_id = self.new_id()
         outcome, _ = self._record(
             session_id,
-            lambda st: decide_manual(st, self.policy, now=self.clock(), new_attempt_id=attempt_id, basis=b,
+            lambda st: decide_manual(st, self.policy, now=self.clock(), new_attempt_id=attempt_id,
+                                     basis=Basis.parse(basis, st.revision) if basis is not None else None,
                                      overhead_tokens=overhead_tokens),
             idempotency_key,
         )
@@ -327,6 +355,41 @@ class Tracker:
             if time.monotonic() >= deadline:
                 raise WaitTimeout(f"attempt {attempt_id} still open after {timeout}s", attempt_id=attempt_id)
             time.sleep(poll_s)
+
+
+class _StateCache:
+    """The last state this process recorded per session (bounded LRU, thread-safe)."""
+
+    def __init__(self, size: int = 10_000) -> None:
+        from collections import OrderedDict
+
+        self._data: "OrderedDict[str, SessionState]" = OrderedDict()
+        self._lock = threading.Lock()
+        self._size = size
+
+    def get(self, session_id: str) -> SessionState | None:
+        with self._lock:
+            state = self._data.get(session_id)
+            if state is not None:
+                self._data.move_to_end(session_id)
+            return state
+
+    def put(self, session_id: str, state: SessionState) -> None:
+        with self._lock:
+            self._data[session_id] = state
+            self._data.move_to_end(session_id)
+            while len(self._data) > self._size:
+                self._data.popitem(last=False)
+
+    def pop(self, session_id: str) -> None:
+        with self._lock:
+            self._data.pop(session_id, None)
+
+
+def _at_revision(m: Measurement, raw_basis: Any, revision: int) -> Measurement:
+    """Resolve a bare basis at the revision of the state being decided on."""
+    b = Basis.parse(raw_basis, revision)
+    return m if b == m.basis else dataclasses.replace(m, basis=b)
 
 
 def _new_event(e: Any) -> Any:
