@@ -21,6 +21,8 @@ from typing import Any
 import httpx
 import pytest
 
+from tracker.api_bench import start_server
+
 from tests.conftest import REDIS_URL, _sqlalchemy_url, create_pg_database, drop_pg_database
 from tests.servers import free_port
 
@@ -38,25 +40,6 @@ def run_cli(env: dict[str, str], *args: str, ok: bool = True) -> Any:
 
 def cli_json(env: dict[str, str], *args: str) -> Any:
     return json.loads(run_cli(env, *args, "--json").stdout)
-
-
-def start_server(env: dict[str, str], port: int, *extra: str) -> subprocess.Popen:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tracker.cli", "serve", "--port", str(port), "--no-access-log", *extra],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"tracker serve exited: {proc.stdout.read() if proc.stdout else ''}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError("tracker serve did not become ready")
 
 
 def stop_server(proc: subprocess.Popen) -> None:

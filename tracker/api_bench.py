@@ -42,12 +42,13 @@ def _measurement(i: int) -> dict[str, Any]:
     return {"basis": f"m{i}", "input_tokens": 10_000 + i, "input_limit": 1_000_000_000, "quality": "exact_local"}
 
 
-def _start_server(env: dict[str, str], port: int) -> subprocess.Popen:
+def start_server(env: dict[str, str], port: int, *extra: str, quiet: bool = True) -> subprocess.Popen:
+    """``tracker serve`` in a subprocess on loopback, returned once /readyz answers 200."""
     import httpx
 
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tracker.cli", "serve", "--port", str(port), "--no-access-log", "--log-level", "warning"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        [sys.executable, "-m", "tracker.cli", "serve", "--port", str(port), "--no-access-log", *extra],
+        env=env, stdout=subprocess.DEVNULL if quiet else subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -90,7 +91,7 @@ def run_http_bench(pg_url: str, redis_url: str | None, quick: bool) -> dict[str,
     if redis_url:
         env["TRACKER_REDIS_URL"] = redis_url
     port = _free_port()
-    proc = _start_server(env, port)
+    proc = start_server(env, port, "--log-level", "warning")
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {token}"},
                           timeout=30) as client:

@@ -421,14 +421,10 @@ def _summary(e: Any) -> str:
     return json.dumps(d)[:100]
 
 
-@app.command()
-def history(
-    session_id: str = typer.Argument(...),
-    from_version: int = typer.Option(1, "--from-version"),
-    as_json: bool = typer.Option(False, "--json", help="JSON lines, streamed"),
-) -> None:
-    """The audit trail of one session (streams; works on very long sessions)."""
+def _open_session(session_id: str, as_json: bool) -> Any:
+    """The store, for a session id that is valid and exists (else a clear error and exit 2)."""
     from tracker.core import check_session_id
+    from tracker.errors import UnknownSession
 
     try:
         check_session_id(session_id)
@@ -437,9 +433,25 @@ def history(
     store = _open_store(as_json=as_json)
     try:
         if store.stream_version(session_id) == 0:
-            from tracker.errors import UnknownSession
-
             _fail(UnknownSession(f"no session {session_id}", session_id=session_id), as_json)
+    except TrackerError as exc:
+        store.close()
+        _fail(exc, as_json)
+    except typer.Exit:
+        store.close()
+        raise
+    return store
+
+
+@app.command()
+def history(
+    session_id: str = typer.Argument(...),
+    from_version: int = typer.Option(1, "--from-version"),
+    as_json: bool = typer.Option(False, "--json", help="JSON lines, streamed"),
+) -> None:
+    """The audit trail of one session (streams; works on very long sessions)."""
+    store = _open_session(session_id, as_json)
+    try:
         events = store.read_stream(session_id, from_version)
         if as_json:
             for e in events:
@@ -467,19 +479,10 @@ def replay(
     as_json: bool = typer.Option(False, "--json", help="JSON lines, streamed"),
 ) -> None:
     """Rebuild a session's state event by event; with policy flags, what-if on the recorded measurements."""
-    from tracker.core import check_session_id
     from tracker.replay import render_html, replay_states, whatif_rows
 
+    store = _open_session(session_id, as_json)
     try:
-        check_session_id(session_id)
-    except TrackerError as exc:
-        _fail(exc, as_json)
-    store = _open_store(as_json=as_json)
-    try:
-        if store.stream_version(session_id) == 0:
-            from tracker.errors import UnknownSession
-
-            _fail(UnknownSession(f"no session {session_id}", session_id=session_id), as_json)
         policy_flags = (compact_at, rearm_below, turn_delta, observe_only or None, max_automatic_per_episode)
         if html_file is not None:
             with html_file.open("w", encoding="utf-8") as fh:
