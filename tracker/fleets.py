@@ -123,7 +123,16 @@ class FleetStore:
                 raise FleetExists(f"a fleet named {name!r} already exists", name=name)
             conn.execute(insert(fleets).values(fleet_id=fleet_id, name=name, created_at=now))
 
-        self._run("create_fleet", do, write=True)
+        from sqlalchemy.exc import IntegrityError
+
+        try:
+            self._run("create_fleet", do, write=True)
+        except IntegrityError as exc:  # a concurrent create won the unique name
+            raise FleetExists(f"a fleet named {name!r} already exists", name=name) from exc
+        except TrackerError as exc:
+            if isinstance(exc.__cause__, IntegrityError):
+                raise FleetExists(f"a fleet named {name!r} already exists", name=name) from exc
+            raise
         return {"fleet_id": fleet_id, "name": name, "created_at": now.isoformat()}
 
     def list_fleets(self) -> list[dict[str, Any]]:

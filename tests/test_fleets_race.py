@@ -1,0 +1,37 @@
+"""Creating the same fleets from several processes at once: one wins each name, the others get FleetExists."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+
+from tracker.store.migrate import upgrade
+
+NAMES = [f"agents-{i}" for i in range(40)]
+
+
+def _create(url: str, start: "mp.synchronize.Barrier") -> list[str]:
+    from sqlalchemy import create_engine
+
+    from tracker.fleets import FleetExists, FleetStore
+
+    store = FleetStore(create_engine(url))
+    start.wait(60)
+    out = []
+    for name in NAMES:  # every process races every other on each name in turn
+        try:
+            store.create_fleet(name)
+            out.append("created")
+        except FleetExists:
+            out.append("exists")
+    return out
+
+
+def test_concurrent_create_same_name(pg_url):
+    upgrade(pg_url)
+    ctx = mp.get_context("spawn")
+    n = 6
+    barrier = ctx.Manager().Barrier(n)
+    with ctx.Pool(n) as pool:
+        results = pool.starmap(_create, [(pg_url, barrier)] * n)
+    for i, name in enumerate(NAMES):
+        assert sorted(r[i] for r in results) == ["created"] + ["exists"] * (n - 1), name
