@@ -17,9 +17,9 @@ COPY workers ./workers
 COPY alembic ./alembic
 COPY examples ./examples
 
-# Installed in place (-e): `tracker db upgrade` finds its Alembic migrations in /app/alembic,
-# next to the package (they are not part of a built wheel), and the demo's model registry
-# is /app/examples/demo-models.json.
+# Installed in place (-e): `tracker db upgrade` finds its Alembic migrations in /app/alembic
+# (a built wheel carries them as tracker/alembic), and the demo's model registry
+# is /app/tracker/demo_models.json.
 RUN pip install -e . \
  && useradd --system --uid 10001 --user-group --create-home --home-dir /home/tracker tracker \
  && mkdir -p /data \

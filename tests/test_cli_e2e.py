@@ -31,7 +31,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACKER = shutil.which("tracker")
-DEMO_MODELS = ROOT / "examples" / "demo-models.json"
+DEMO_MODELS = ROOT / "tracker" / "demo_models.json"
 # The demo's broken-compactor session (the 2nd) reaches its input limit at step 32.
 DEMO_STEPS = 34
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-DEMO_MODELS = Path(__file__).resolve().parents[1] / "examples" / "demo-models.json"
+DEMO_MODELS = Path(__file__).resolve().parent / "demo_models.json"
 MODEL = "demo-agent-40k"
 SLOW_MODEL = "demo-agent-slow"
 
