@@ -208,3 +208,95 @@ def test_local_coordinator_forgets_idle_sessions():
         with c.session_lock(f"s{i}"):
             pass
     assert c._locks == {}
+
+
+def test_a_stale_cached_state_never_refuses_a_valid_call(db_url):
+    """Two processes (two Trackers with their own caches): B commits, A then uses the new revision."""
+    upgrade(db_url)
+    a = Tracker(open_store(db_url, projector=SessionProjector()))
+    b = Tracker(open_store(db_url, projector=SessionProjector()))
+    try:
+        att = a.observe("x1", measurement=m("m1", 850)).attempt
+        b.commit("x1", att.attempt_id, att.fencing_token, 300)  # A's cached state still says r1
+        assert a.observe("x1", measurement=m("r2:m2", 400)).decision.revision == 2
+        assert a.request_compaction("x1", basis="r2:m2").basis == "r2:m2"
+    finally:
+        a.close()
+        b.close()
+
+
+def test_retried_refusals_get_the_original_refusal(tracker):
+    t = tracker
+    a = t.observe("x2", measurement=m("a", 900)).attempt
+    for _ in range(2):  # the first call and its retry answer the same
+        with pytest.raises(SummaryTooLarge):
+            t.commit("x2", a.attempt_id, a.fencing_token, 1000, idempotency_key="big")
+    b = t.observe("x2", measurement=m("b", 900)).attempt
+    t.commit("x2", b.attempt_id, b.fencing_token, 100)
+    for _ in range(2):
+        with pytest.raises(StaleBasis):
+            t.observe("x2", measurement=m("r1:c", 100), idempotency_key="stale")
+    c = t.observe("x2", measurement=m("d", 900)).attempt
+    t.test_clock.t += 31  # past the lease
+    for _ in range(2):
+        with pytest.raises(AttemptNotOpen):
+            t.commit("x2", c.attempt_id, c.fencing_token, 100, idempotency_key="late")
+    types = [e.TYPE for e in log_of(t, "x2")]
+    assert types.count("MeasurementRefused") == 1 and types.count("CompactionRejected") == 2
+
+
+def test_an_idempotency_key_is_bound_to_its_call(tracker):
+    t = tracker
+    r = t.observe("x3", measurement=m("a", 100), idempotency_key="k")
+    with pytest.raises(InvalidInput) as e:
+        t.observe("x3", measurement=m("a", 950), idempotency_key="k")  # same key, another measurement
+    assert e.value.field == "idempotency_key"
+    a = t.observe("x3", measurement=m("b", 900)).attempt
+    with pytest.raises(InvalidInput) as e:
+        t.commit("x3", a.attempt_id, a.fencing_token, 100, idempotency_key="k")  # an observe's key
+    assert e.value.field == "idempotency_key"
+    assert t.state("x3").open_automatic is not None and r.action == "proceed"
+
+
+class FlakyCounter:
+    """Counts for real once, then fails: a retry must not count again."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def measure(self, request, *, model, basis, policy):
+        from tracker.core import Measurement, ModelRef
+        from tracker.counting.request import CanonicalRequest
+
+        self.calls += 1
+        if self.calls > 1:
+            raise CountTimeout("the counter is slow now", model=model)
+        return Measurement(basis=basis, model=ModelRef("openai", model), input_tokens=900, input_limit=1000,
+                           fingerprint=CanonicalRequest.from_dict(request).fingerprint, quality="exact_local")
+
+
+def test_retried_counted_observe_is_answered_without_recounting(db_url):
+    upgrade(db_url)
+    counter = FlakyCounter()
+    t = Tracker(open_store(db_url, projector=SessionProjector()), counting=counter)
+    req = {"messages": [{"role": "user", "content": "hello"}]}
+    try:
+        first = t.observe("x4", request=req, model="gpt-4o", basis="b1", idempotency_key="k")
+        again = t.observe("x4", request=req, model="gpt-4o", basis="b1", idempotency_key="k")
+        assert first.action == again.action == "compact"
+        assert again.attempt.attempt_id == first.attempt.attempt_id and counter.calls == 1
+    finally:
+        t.close()
+
+
+def test_count_failure_records_the_basis_at_the_current_revision(db_url):
+    upgrade(db_url)
+    t = Tracker(open_store(db_url, projector=SessionProjector()), counting=SlowCounter())
+    try:
+        a = t.observe("x5", measurement=m("a", 900)).attempt
+        t.commit("x5", a.attempt_id, a.fencing_token, 100)
+        with pytest.raises(CountTimeout):
+            t.observe("x5", request={"messages": []}, model="gpt-4o", basis="b2")
+        assert log_of(t, "x5")[-1].basis == "r2:b2"
+    finally:
+        t.close()

@@ -400,3 +400,21 @@ def test_example_big_window():
     assert [o.get("action") for o in plain].count("compact") == 1
     assert plain[2]["action"] == "proceed"
     assert (plain[14]["action"], plain[14]["attempt_id"]) == ("compact", "a1")
+
+
+def test_hostile_lines_get_error_lines_and_the_run_goes_on():
+    from tracker.whatif import WhatIf
+
+    w = WhatIf()
+    lines = [
+        '{"op":"measure","basis":"b","input_tokens":10,"input_limit":100,"scope":["a"],"scope_confidence":0.9}',
+        '{"op":"measure","basis":"b","input_tokens":10,"input_limit":100,"compaction_threshold":' + "9" * 400 + "}",
+        '{"op":"measure","basis":"b","input_tokens":10,"input_limit":100,"at":1e309}',
+        "[" * 100_000 + "]" * 100_000,
+        '{"op":"commit","tokens_after":5,"reason":"sideways"}',
+        '{"op":"measure","basis":"b","input_tokens":10,"input_limit":100}',
+    ]
+    out = list(w.run(lines))
+    assert [("error" in o) for o in out] == [True, True, True, True, True, False]
+    assert out[0]["field"] == "scope" and out[1]["field"] == "compaction_threshold" and out[2]["field"] == "at"
+    assert out[-1]["action"] == "proceed"

@@ -305,10 +305,19 @@ def observe(
 
     from tracker.service import Tracker
 
-    tracker = Tracker.from_settings(_settings())
+    if request_file is not None:
+        try:
+            request = json.loads(request_file.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            _fail(_invalid("request", f"cannot read a JSON request from {request_file}: {exc}"), as_json)
+    store = _open_store(as_json=as_json)  # a missing or old schema: a clear message, nothing created
+    store.close()
+    try:
+        tracker = Tracker.from_settings(_settings())
+    except TrackerError as exc:
+        _fail(exc, as_json)
     try:
         if request_file is not None:
-            request = json.loads(request_file.read_text(encoding="utf-8"))
             result = tracker.observe(session_id, request=request, model=model, basis=basis,
                                      compaction_threshold=compaction_threshold)
         else:

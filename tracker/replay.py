@@ -48,9 +48,9 @@ def whatif_rows(stored: Iterable[Any], policy: Policy, session_id: str) -> Itera
                   "input_limit": m["input_limit"], "quality": m["quality"], "at": d.get("at", 0.0),
                   **(d.get("inputs") or {})}
         elif e.type == "CompactionCommitted":
-            op = {"op": "commit", "tokens_after": d["tokens_after"], "at": d.get("at", 0.0)}
+            op = {"op": "commit", "tokens_after": d["tokens_after"], "at": d.get("at", 0.0), "reason": d["reason"]}
         elif e.type == "CompactionRejected" and d["reject_reason"] not in ("lease_expired", "superseded"):
-            op = {"op": "reject", "reject_reason": d["reject_reason"], "at": d.get("at", 0.0)}
+            op = {"op": "reject", "reject_reason": d["reject_reason"], "at": d.get("at", 0.0), "reason": d["reason"]}
         elif e.type == "CompactionStarted" and d["reason"] == "manual":
             op = {"op": "manual", "at": d["opened_at"]}
         if op is None:

@@ -39,7 +39,7 @@ from tracker.core import (
     expire_leases,
 )
 from tracker.core.decide import _outcome
-from tracker.errors import ConcurrencyConflict, CountError, InvalidInput, WaitTimeout
+from tracker.errors import ConcurrencyConflict, CountError, InvalidInput, ManualAttemptOpen, TrackerError, WaitTimeout
 from tracker.settings import Settings
 
 log = logging.getLogger("tracker.service")
@@ -138,7 +138,8 @@ class Tracker:
         return self.store.read_stream(check_session_id(session_id), from_version)
 
     def _record(
-        self, session_id: str, decide: Callable[[SessionState], Outcome], idempotency_key: str | None = None
+        self, session_id: str, decide: Callable[[SessionState], Outcome], idempotency_key: str | None = None,
+        op: str = "observe",
     ) -> tuple[Outcome, int]:
         """Load → decide → append, under the session lock, retrying on version conflicts.
 
@@ -147,9 +148,9 @@ class Tracker:
         """
         if idempotency_key is not None:
             # A retried call (commit, reject, manual, observe) gets its original answer, not a new decision.
-            earlier = self.store.find_idempotent(session_id, idempotency_key)
-            if earlier is not None:
-                return self._replayed(session_id, earlier), earlier.last_version
+            replay = self._replay_if_seen(session_id, idempotency_key, op, decide)
+            if replay is not None:
+                return replay
         deadline = time.monotonic() + CONFLICT_RETRY_S
         attempt = 0
         fresh = False
@@ -161,7 +162,13 @@ class Tracker:
                 state = None if fresh else self._states.get(session_id)
                 if state is None:
                     state, fresh = self._load(session_id), True
-                outcome = decide(state)
+                try:
+                    outcome = decide(state)
+                except TrackerError:
+                    if fresh:
+                        raise
+                    fresh = True  # refused on a cached state (e.g. a revision it has not seen): ask the record
+                    continue
                 if not outcome.events:
                     if not fresh:  # nothing to append, so no version check: confirm on the record
                         fresh = True
@@ -183,7 +190,7 @@ class Tracker:
             if result is not None:
                 if result.replayed:
                     self._states.pop(session_id)
-                    return self._replayed(session_id, result), result.last_version
+                    return self._replayed(session_id, result, op, decide), result.last_version
                 return outcome, result.last_version
             if not fresh:  # a stale cached state: re-decide at once on the record
                 fresh = True
@@ -197,15 +204,34 @@ class Tracker:
                 )
             time.sleep(random.uniform(0, min(0.1, 0.002 * 2 ** min(attempt, 10))))
 
-    def _replayed(self, session_id: str, result: Any) -> Outcome:
-        """An idempotent retry: rebuild the original outcome from the events it recorded."""
+    def _replay_if_seen(
+        self, session_id: str, idempotency_key: str, op: str, decide: Callable[[SessionState], Outcome] | None
+    ) -> tuple[Outcome, int] | None:
+        earlier = self.store.find_idempotent(session_id, idempotency_key)
+        if earlier is None:
+            return None
+        return self._replayed(session_id, earlier, op, decide), earlier.last_version
+
+    def _replayed(self, session_id: str, result: Any, op: str,
+                  decide: Callable[[SessionState], Outcome] | None) -> Outcome:
+        """An idempotent retry: the original outcome, rebuilt from the events it recorded."""
         from tracker.core import fold
 
         before = fold((event_from_data(e.type, e.data)
                        for e in self.store.read_stream(session_id, 1, result.first_version - 1)), session_id)
         events = [event_from_data(e.type, e.data)
                   for e in self.store.read_stream(session_id, result.first_version, result.last_version)]
-        return replay_outcome(before, events)
+        out = replay_outcome(before, events, op)
+        if out.error is None and not _succeeded(op, events) and decide is not None:
+            # The original call was refused after recording only side effects (an expired lease):
+            # its refusal is a pure function of the state it left, so decide it again, recording nothing.
+            try:
+                again = decide(out.state)
+            except TrackerError as exc:
+                again = dataclasses.replace(out, error=exc)
+            if again.error is not None:
+                out = dataclasses.replace(out, error=again.error)
+        return out
 
     # -- observe ---------------------------------------------------------------------------
     def observe(
@@ -234,6 +260,15 @@ class Tracker:
 
         resolve_threshold(self.policy.compact_at_bp, self.policy.rearm_below_bp, compaction_threshold, scope, scope_confidence)
 
+        if idempotency_key is not None:  # a retry: the original answer, before any (re)counting
+            replay = self._replay_if_seen(session_id, idempotency_key, "observe", None)
+            if replay is not None:
+                outcome, version = replay
+                _same_request(outcome, measurement, request)
+                if outcome.error is not None:
+                    raise outcome.error
+                assert outcome.decision is not None
+                return Result(session_id=session_id, version=version, decision=outcome.decision)
         # A bare basis ("msg-41") means "at the session's current revision": it is resolved
         # inside the decision, against the state being decided on (validated here first).
         if measurement is not None:
@@ -248,15 +283,17 @@ class Tracker:
             b = Basis.parse(basis, 1)
             if self.counting is None:
                 raise InvalidInput("request", "this tracker has no counting backend; pass measurement=")
+            known = self._states.get(session_id) or self._load(session_id)
+            policy = known.policy or self.policy  # the session's policy, fixed when it started
             started = time.monotonic()
             try:
-                m = self.counting.measure(request, model=model, basis=b, policy=self.policy)
+                m = self.counting.measure(request, model=model, basis=b, policy=policy)
             except CountError as exc:
                 duration_ms = int((time.monotonic() - started) * 1000)
                 self._record(
                     session_id,
                     lambda st: decide_count_failed(st, self.policy, exc, model=model, duration_ms=duration_ms,
-                                                   now=self.clock(), basis=b),
+                                                   now=self.clock(), basis=Basis.parse(raw_basis, st.revision)),
                     idempotency_key,
                 )
                 raise
@@ -290,11 +327,12 @@ class Tracker:
             lambda st: decide_manual(st, self.policy, now=self.clock(), new_attempt_id=attempt_id,
                                      basis=Basis.parse(basis, st.revision) if basis is not None else None,
                                      overhead_tokens=overhead_tokens),
-            idempotency_key,
+            idempotency_key, op="manual",
         )
         if outcome.error is not None:
             raise outcome.error
-        assert outcome.attempt is not None
+        if outcome.attempt is None:  # a replayed refusal whose attempt has closed since
+            raise ManualAttemptOpen("a manual attempt was already open when this call was first made")
         return outcome.attempt
 
     def commit(self, session_id: str, attempt_id: str, fencing_token: int, tokens_after: int,
@@ -304,7 +342,7 @@ class Tracker:
             session_id,
             lambda st: decide_commit(st, attempt_id=attempt_id, fencing_token=fencing_token,
                                      tokens_after=tokens_after, now=self.clock()),
-            idempotency_key,
+            idempotency_key, op="commit",
         )
         if outcome.error is not None:
             raise outcome.error
@@ -317,7 +355,7 @@ class Tracker:
             session_id,
             lambda st: decide_reject(st, attempt_id=attempt_id, fencing_token=fencing_token,
                                      reject_reason=reject_reason, now=self.clock()),
-            idempotency_key,
+            idempotency_key, op="reject",
         )
         if outcome.error is not None:
             raise outcome.error
@@ -386,6 +424,25 @@ class _StateCache:
             self._data.pop(session_id, None)
 
 
+def _same_request(outcome: Outcome, measurement: Any, request: Any) -> None:
+    """A key reused for a different measurement or request is refused, not answered with the old result."""
+    from tracker.core.events import ContextMeasured
+
+    recorded = next((e.measurement for e in outcome.events if isinstance(e, ContextMeasured)), None)
+    if recorded is None:
+        return  # a refused or failed count: nothing to compare with
+    if measurement is not None:
+        m = measurement if isinstance(measurement, Measurement) else Measurement.from_data(measurement, 1)
+        same = (m.input_tokens, m.input_limit, m.fingerprint) == (
+            recorded["input_tokens"], recorded["input_limit"], recorded["fingerprint"])
+    else:
+        from tracker.counting.request import CanonicalRequest
+
+        same = CanonicalRequest.from_dict(request).fingerprint == recorded["fingerprint"]
+    if not same:
+        raise InvalidInput("idempotency_key", "was already used for a different measurement of this session")
+
+
 def _at_revision(m: Measurement, raw_basis: Any, revision: int) -> Measurement:
     """Resolve a bare basis at the revision of the state being decided on."""
     b = Basis.parse(raw_basis, revision)
@@ -398,30 +455,75 @@ def _new_event(e: Any) -> Any:
     return NewEvent(type=e.TYPE, data=e.to_data())
 
 
-def replay_outcome(before: SessionState, events: list[Any]) -> Outcome:
-    """The outcome a list of recorded events stands for (for idempotent retries)."""
-    from tracker.core.events import CompactionStarted, ContextMeasured
+OP_EVENTS = {  # which recorded events a call of each kind can leave behind
+    "observe": {"ContextMeasured", "CountFailed", "MeasurementRefused"},
+    "manual": {"CompactionStarted"},
+    "commit": {"CompactionCommitted", "CompactionRejected"},
+    "reject": {"CompactionRejected"},
+}
 
+
+def _succeeded(op: str, events: list[Any]) -> bool:
+    from tracker.core.events import CompactionCommitted, CompactionRejected, CompactionStarted, ContextMeasured
+
+    if op == "observe":
+        return any(isinstance(e, ContextMeasured) for e in events)
+    if op == "manual":
+        return any(isinstance(e, CompactionStarted) and e.reason == "manual" for e in events)
+    if op == "commit":
+        return any(isinstance(e, CompactionCommitted) for e in events)
+    if op == "reject":
+        return any(isinstance(e, CompactionRejected) and e.reject_reason not in ("lease_expired", "superseded")
+                   for e in events)
+    return True
+
+
+def replay_outcome(before: SessionState, events: list[Any], op: str = "observe") -> Outcome:
+    """The outcome a list of recorded events stands for (for idempotent retries), errors included."""
+    from tracker.core.events import (
+        CompactionRejected,
+        CompactionStarted,
+        ContextLimitReached,
+        ContextMeasured,
+        CountFailed,
+        MeasurementRefused,
+    )
+    from tracker.errors import ContextLimitError, StaleBasis, SummaryTooLarge, count_error_from_dict
+
+    kinds = {e.TYPE for e in events} - {"SessionStarted"}
+    lease_only = op != "observe" and all(
+        isinstance(e, CompactionRejected) and e.reject_reason == "lease_expired" for e in events
+        if e.TYPE != "SessionStarted")
+    if not lease_only and not (kinds & OP_EVENTS.get(op, kinds)):
+        raise InvalidInput("idempotency_key", f"was used for a different kind of call than {op}")
     out = _outcome(before, events)
     decision = None
     attempt = None
+    error: Any = None
     for e in events:
         if isinstance(e, CompactionStarted):
             attempt = Attempt.from_started(e)
-    for e in events:
-        if isinstance(e, ContextMeasured):
+        elif isinstance(e, ContextMeasured):
             m = e.measurement
             waiting = before.open_automatic if e.action == "wait" else None
             decision = Decision(
                 action=e.action, pressure=e.pressure, pressure_before=e.pressure_before, occupancy_bp=e.occupancy_bp,
                 threshold_bp=e.threshold_bp, threshold_source=e.threshold_source, compact_level=e.compact_level,
                 rearm_level=e.rearm_level, hard_level=e.hard_level, growth_fired=e.growth_fired, trigger=e.trigger,
-                basis=m["basis"], revision=int(m["basis"][1:].split(":", 1)[0]),
-                attempt=attempt if e.action == "compact" else None, waiting_on=waiting,
+                basis=m["basis"], revision=int(m["basis"][1:].split(":", 1)[0]), attempt=None, waiting_on=waiting,
             )
-    error = None
-    if decision is not None and decision.action == "context_limit":
-        from tracker.errors import ContextLimitError
-
-        error = ContextLimitError("context limit (idempotent replay of an earlier call)", basis=decision.basis)
+        elif isinstance(e, ContextLimitReached):
+            error = ContextLimitError(
+                f"{e.input_tokens} tokens reach the input limit {e.input_limit} and no automatic compaction is "
+                f"eligible for basis {e.basis}", basis=e.basis, input_tokens=e.input_tokens, input_limit=e.input_limit)
+        elif isinstance(e, MeasurementRefused):
+            error = StaleBasis(f"basis {e.basis} is older than the session's revision r{e.current_revision}",
+                               basis=e.basis, current_revision=e.current_revision)
+        elif isinstance(e, CountFailed):
+            error = count_error_from_dict({"kind": e.kind, "message": e.detail, "model": e.model})
+        elif isinstance(e, CompactionRejected) and e.reject_reason == "summary_too_large" and op == "commit":
+            error = SummaryTooLarge(f"attempt {e.attempt_id}: tokens_after >= input_limit; recorded as a rejection",
+                                    attempt_id=e.attempt_id)
+    if decision is not None and decision.action == "compact":
+        decision = dataclasses.replace(decision, attempt=attempt)
     return Outcome(events=out.events, state=out.state, decision=decision, attempt=attempt, error=error)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
@@ -67,6 +68,8 @@ class WhatIf:
             op = json.loads(line)
         except json.JSONDecodeError as exc:
             return {"error": f"line {self.line_no}: malformed JSON ({exc.msg} at column {exc.colno})"}
+        except (RecursionError, ValueError) as exc:  # nested too deep, numbers too long, bad text
+            return {"error": f"line {self.line_no}: unreadable JSON ({type(exc).__name__})"}
         return self.step(op)
 
     def step(self, op: Any) -> dict[str, Any]:
@@ -85,7 +88,7 @@ class WhatIf:
     # -- one op --------------------------------------------------------------------------
     def _now(self, op: dict[str, Any]) -> float:
         at = op.get("at", self.line_no)
-        if not (is_int(at) or isinstance(at, float)) or at != at:
+        if not (is_int(at) or isinstance(at, float)) or not math.isfinite(at):
             raise InvalidInput("at", f"must be a number of seconds, got {at!r}")
         return float(at)
 
@@ -108,9 +111,17 @@ class WhatIf:
                 raise outcome.error
             assert outcome.attempt is not None
             return outcome, {"ok": True, "revision": outcome.state.revision, "attempt_id": outcome.attempt.attempt_id}
-        target = self.state.open_automatic or self.state.open_manual
+        reason = op.get("reason")  # optional: which open attempt to act on (automatic first by default)
+        if reason not in (None, "automatic", "manual"):
+            raise InvalidInput("reason", f"must be automatic or manual, got {reason!r}")
+        if reason == "manual":
+            target = self.state.open_manual
+        elif reason == "automatic":
+            target = self.state.open_automatic
+        else:
+            target = self.state.open_automatic or self.state.open_manual
         if target is None:
-            raise InvalidInput("op", f"{kind}: no attempt is open")
+            raise InvalidInput("op", f"{kind}: no {reason + ' ' if reason else ''}attempt is open")
         if kind == "commit":
             if "tokens_after" not in op:
                 raise InvalidInput("tokens_after", "is required for commit")

@@ -26,6 +26,8 @@ def exact(value: float | int) -> Fraction:
 
 
 def _number(field: str, value: Any) -> float | int:
+    if is_int(value) and abs(value) > 10**6:  # no meaningful ratio is this large (and math.isfinite overflows)
+        raise InvalidInput(field, f"must be a finite number in range, got an integer of {len(str(value))} digits")
     if not (is_int(value) or isinstance(value, float)) or not math.isfinite(value):
         raise InvalidInput(field, f"must be a finite number, got {value!r}")
     return value
@@ -62,7 +64,7 @@ def resolve_threshold(
             raise InvalidInput("compaction_threshold", f"is below one basis point (0.0001), got {compaction_threshold!r}")
     classifier_bp: int | None = None
     if scope is not None:
-        if scope not in SCOPE_THRESHOLDS_BP:
+        if not isinstance(scope, str) or scope not in SCOPE_THRESHOLDS_BP:
             raise InvalidInput("scope", f"must be one of {', '.join(SCOPE_THRESHOLDS_BP)}, got {scope!r}")
         if scope_confidence is None:
             raise InvalidInput("scope_confidence", "is required with scope (a number in [0, 1])")
