@@ -6,6 +6,7 @@ Input ops (one JSON object per line):
         optional: compaction_threshold, scope, scope_confidence, model, quality, overhead_tokens, at
     {"op": "commit", "tokens_after": 40}          acts on the open attempt, automatic first
     {"op": "reject", "reject_reason": "execution_failed"}
+        optional on both: "reason": "automatic" | "manual" picks which open attempt
     {"op": "manual"}
 
 ``at`` (seconds) is optional on every op; by default line *n* happens at *n*
