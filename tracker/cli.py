@@ -628,24 +628,24 @@ app.add_typer(fleet_app, name="fleet")
 app.add_typer(key_app, name="key")
 
 
-def _fleet_store(as_json: bool) -> Any:
+def _with_fleets(as_json: bool, call: Any) -> Any:
+    """Run ``call(fleets)`` on the fleet store; a typed error is printed (JSON with --json) and exits 2."""
     from tracker.fleets import FleetStore
 
     store = _open_store(as_json=as_json)
-    return store, FleetStore(store.engine)
+    try:
+        return call(FleetStore(store.engine))
+    except TrackerError as exc:
+        _fail(exc, as_json)
+    finally:
+        store.close()
 
 
 @fleet_app.command("create")
 def fleet_create(name: str = typer.Argument(..., help="fleet name, 1-100 of [A-Za-z0-9._-]"),
                  as_json: bool = typer.Option(False, "--json")) -> None:
     """Create a fleet."""
-    store, fleets = _fleet_store(as_json)
-    try:
-        fleet = fleets.create_fleet(name)
-    except TrackerError as exc:
-        _fail(exc, as_json)
-    finally:
-        store.close()
+    fleet = _with_fleets(as_json, lambda fleets: fleets.create_fleet(name))
     if as_json:
         print(json.dumps(fleet))
     else:
@@ -655,13 +655,7 @@ def fleet_create(name: str = typer.Argument(..., help="fleet name, 1-100 of [A-Z
 @fleet_app.command("list")
 def fleet_list(as_json: bool = typer.Option(False, "--json")) -> None:
     """List fleets with their number of active keys."""
-    store, fleets = _fleet_store(as_json)
-    try:
-        rows = fleets.list_fleets()
-    except TrackerError as exc:
-        _fail(exc, as_json)
-    finally:
-        store.close()
+    rows = _with_fleets(as_json, lambda fleets: fleets.list_fleets())
     if as_json:
         print(json.dumps(rows))
         return
@@ -677,13 +671,7 @@ def fleet_list(as_json: bool = typer.Option(False, "--json")) -> None:
 def key_create(fleet: str = typer.Argument(..., help="fleet id or name"),
                as_json: bool = typer.Option(False, "--json")) -> None:
     """Create an API key for a fleet and print its token (shown only this once)."""
-    store, fleets = _fleet_store(as_json)
-    try:
-        record, token = fleets.create_key(fleet)
-    except TrackerError as exc:
-        _fail(exc, as_json)
-    finally:
-        store.close()
+    record, token = _with_fleets(as_json, lambda fleets: fleets.create_key(fleet))
     if as_json:
         print(json.dumps({**record, "token": token}))
     else:
@@ -696,13 +684,7 @@ def key_create(fleet: str = typer.Argument(..., help="fleet id or name"),
 def key_list(fleet: str = typer.Argument(..., help="fleet id or name"),
              as_json: bool = typer.Option(False, "--json")) -> None:
     """List a fleet's keys (ids and dates; tokens are never stored)."""
-    store, fleets = _fleet_store(as_json)
-    try:
-        rows = fleets.list_keys(fleet)
-    except TrackerError as exc:
-        _fail(exc, as_json)
-    finally:
-        store.close()
+    rows = _with_fleets(as_json, lambda fleets: fleets.list_keys(fleet))
     if as_json:
         print(json.dumps(rows))
         return
@@ -718,13 +700,7 @@ def key_list(fleet: str = typer.Argument(..., help="fleet id or name"),
 def key_revoke(key_id: str = typer.Argument(..., help="key id (from `tracker key list FLEET`)"),
                as_json: bool = typer.Option(False, "--json")) -> None:
     """Revoke a key: servers refuse it (401) within TRACKER_API_KEY_CACHE_S (1 s by default)."""
-    store, fleets = _fleet_store(as_json)
-    try:
-        result = fleets.revoke_key(key_id)
-    except TrackerError as exc:
-        _fail(exc, as_json)
-    finally:
-        store.close()
+    result = _with_fleets(as_json, lambda fleets: fleets.revoke_key(key_id))
     if as_json:
         print(json.dumps(result))
     else:
