@@ -298,6 +298,32 @@ class _DaemonPool:
                     self._idle += 1
 
 
+def _on_pool_before(pool: Any, fn: Callable[[], Any], deadline: float, spec: ModelSpec, timeout_s: float, *,
+                    saturated: str, late: str) -> Any:
+    """Run ``fn`` on a daemon thread of ``pool``; its result or error, or ``CountTimeout`` at ``deadline``.
+
+    The caller is never held past the deadline: a hung ``fn`` is abandoned to its thread.
+    """
+    box: dict[str, Any] = {}
+    done = threading.Event()
+
+    def target() -> None:
+        try:
+            box["result"] = fn()
+        except BaseException as exc:  # delivered to the caller below
+            box["error"] = exc
+        finally:
+            done.set()
+
+    if not pool.submit(target):
+        raise CountTimeout(f"{spec.name}: {saturated}", model=spec.name, cause="saturated")
+    if not done.wait(max(0.0, deadline - time.monotonic())):
+        raise CountTimeout(f"{spec.name}: {late}", model=spec.name, cause="timeout", timeout_s=timeout_s)
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
+
+
 class InProcessCounting(CountingBackend):
     """Runs the counter on a daemon thread of this process, waiting at most ``count_timeout_s``.
 
@@ -319,33 +345,11 @@ class InProcessCounting(CountingBackend):
 
     def _count(self, request: CanonicalRequest, spec: ModelSpec, timeout_s: float) -> Any:
         deadline = time.monotonic() + timeout_s
-        box: dict[str, Any] = {}
-        done = threading.Event()
-
-        def target() -> None:
-            try:
-                box["result"] = run_counter(self.registry, request, spec, deadline)
-            except BaseException as exc:  # delivered to the caller below
-                box["error"] = exc
-            finally:
-                done.set()
-
-        if not self._pool.submit(target):
-            raise CountTimeout(
-                f"{spec.name}: {self.max_inflight} counts already in flight (hung counters?)",
-                model=spec.name,
-                cause="saturated",
-            )
-        if not done.wait(max(0.0, deadline - time.monotonic())):
-            raise CountTimeout(
-                f"{spec.name}: counter {spec.counter!r} gave no count within {timeout_s:g}s",
-                model=spec.name,
-                cause="timeout",
-                timeout_s=timeout_s,
-            )
-        if "error" in box:
-            raise box["error"]
-        return box["result"]
+        return _on_pool_before(
+            self._pool, lambda: run_counter(self.registry, request, spec, deadline), deadline, spec, timeout_s,
+            saturated=f"{self.max_inflight} counts already in flight (hung counters?)",
+            late=f"counter {spec.counter!r} gave no count within {timeout_s:g}s",
+        )
 
 
 class CeleryCounting(CountingBackend):
@@ -384,33 +388,13 @@ class CeleryCounting(CountingBackend):
             self.app.close()
 
     def _count(self, request: CanonicalRequest, spec: ModelSpec, timeout_s: float) -> Any:
-        started = time.monotonic()
-        deadline = started + timeout_s + self.slack_s
-        box: dict[str, Any] = {}
-        done = threading.Event()
-
-        def target() -> None:
-            try:
-                box["result"] = self._send_and_wait(request, spec, timeout_s, deadline - 0.03)
-            except BaseException as exc:  # delivered to the caller below
-                box["error"] = exc
-            finally:
-                done.set()
-
-        if not self._pool.submit(target):
-            raise CountTimeout(
-                f"{spec.name}: {self.max_inflight} counts already waiting on Celery", model=spec.name, cause="saturated"
-            )
-        if not done.wait(max(0.0, deadline - time.monotonic())):
-            raise CountTimeout(
-                f"{spec.name}: no count from Celery within {timeout_s:g}s (+{self.slack_s:g}s slack)",
-                model=spec.name,
-                cause="timeout",
-                timeout_s=timeout_s,
-            )
-        if "error" in box:
-            raise box["error"]
-        return box["result"]
+        deadline = time.monotonic() + timeout_s + self.slack_s
+        return _on_pool_before(
+            self._pool, lambda: self._send_and_wait(request, spec, timeout_s, deadline - 0.03), deadline, spec,
+            timeout_s,
+            saturated=f"{self.max_inflight} counts already waiting on Celery",
+            late=f"no count from Celery within {timeout_s:g}s (+{self.slack_s:g}s slack)",
+        )
 
     def _send_and_wait(self, request: CanonicalRequest, spec: ModelSpec, timeout_s: float, deadline: float) -> Any:
         from celery.exceptions import TimeoutError as CeleryTimeout
