@@ -300,3 +300,10 @@ def test_count_failure_records_the_basis_at_the_current_revision(db_url):
         assert log_of(t, "x5")[-1].basis == "r2:b2"
     finally:
         t.close()
+
+
+def test_control_characters_in_a_basis_are_refused_by_name(tracker):
+    with pytest.raises(InvalidInput) as e:
+        tracker.observe("x6", measurement=m("a\x00b", 1))
+    assert e.value.field == "basis.through"
+    assert tracker.store.stream_version("x6") == 0

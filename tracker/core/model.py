@@ -51,6 +51,8 @@ class Basis:
             raise InvalidInput("basis.revision", f"must be an integer >= 1, got {self.revision!r}")
         if not isinstance(self.through, str) or not self.through or len(self.through) > 200:
             raise InvalidInput("basis.through", f"must be a non-empty string of at most 200 characters, got {self.through!r}")
+        if not self.through.isprintable():
+            raise InvalidInput("basis.through", f"must be printable text (no control characters), got {self.through!r}")
 
     def __str__(self) -> str:
         return f"r{self.revision}:{self.through}"
