@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import sqlite3
 import subprocess
 import time
@@ -235,19 +234,9 @@ class Worker:
         raise AssertionError(f"tracker worker not ready after {timeout}s:\n{self.output()[-3000:]}")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
-            except ProcessLookupError:
-                pass
-        try:  # pool children left behind by a worker that died first
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        from workers.app import stop_process_group
+
+        stop_process_group(self.proc, grace_s=15)
         self.log.close()
 
 

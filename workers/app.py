@@ -168,6 +168,24 @@ def start_worker(
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def stop_process_group(proc: subprocess.Popen, grace_s: float = 10) -> None:
+    """Stop a process started with ``start_new_session=True`` and everything in its group:
+    SIGTERM, then SIGKILL after ``grace_s``; then sweep up pool children left behind."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+        except ProcessLookupError:
+            pass
+    try:  # pool children of a leader that died first
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 class WorkerProcess:
     """A worker subprocess (``celery -A workers.app worker --pool prefork``) in its own
     process group, for tests and benches: start, wait until it answers ping, SIGKILL it
@@ -223,15 +241,7 @@ class WorkerProcess:
     def stop(self) -> None:
         if self.proc is None:
             return
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
-            except ProcessLookupError:
-                pass
+        stop_process_group(self.proc, grace_s=10)
         try:
             os.unlink(self.log.name)
         except OSError:
