@@ -371,7 +371,7 @@ def test_validation_errors_have_the_same_shape(a, server):
         (a.post(f"/v1/sessions/{s}/observe", content=b"{not json", headers={"content-type": "application/json"}),
          "invalid_input", "body"),
         (a.post(f"/v1/sessions/{'x' * 190}/observe", json=measure("m1", 1)), "invalid_session_id", "session_id"),
-        (a.post(f"/v1/sessions/bad%20id/observe", json=measure("m1", 1)), "invalid_session_id", "session_id"),
+        (a.post("/v1/sessions/bad%20id/observe", json=measure("m1", 1)), "invalid_session_id", "session_id"),
         (a.post(f"/v1/sessions/{s}/observe", json=measure("r7:m1", 1)), "invalid_input", "basis.revision"),
         (a.post(f"/v1/sessions/{s}/observe", json=measure("m1", 1, compaction_threshold=2.5)), "invalid_input", None),
         (a.get("/v1/events", params={"limit": 0}), "invalid_input", "limit"),

@@ -292,7 +292,7 @@ class Tracker:
                 duration_ms = int((time.monotonic() - started) * 1000)
                 self._record(
                     session_id,
-                    lambda st: decide_count_failed(st, self.policy, exc, model=model, duration_ms=duration_ms,
+                    lambda st, err=exc: decide_count_failed(st, self.policy, err, model=model, duration_ms=duration_ms,
                                                    now=self.clock(), basis=Basis.parse(raw_basis, st.revision)),
                     idempotency_key,
                 )
