@@ -1,52 +1,132 @@
 """Context Tracker: decide when LLM agents must compact their context, and keep the record.
 
-Public surface (SPEC §10): ``Policy``, ``Tracker``, ``plan_reclaim``,
-``LoopGuardEntry`` and the typed errors.
+Everything a caller of ``Tracker`` needs is importable from here: the ``Tracker`` and its
+settings, the values its methods return, the loop-guard planner, and every error it raises.
+Heavy parts (SQLAlchemy, Redis, Celery) load only when ``Tracker`` is first used.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING, Any
 
+from tracker.core.decide import Decision
+from tracker.core.loopguard import LoopGuardEntry, ReclaimPlan, plan_reclaim
+from tracker.core.model import Basis, Measurement, ModelRef
 from tracker.core.policy import Policy
+from tracker.core.state import Attempt, SessionState
 from tracker.errors import (
+    AttemptError,
+    AttemptNotOpen,
+    ConcurrencyConflict,
     ContextLimitError,
     ContextLimitUnknown,
+    CountError,
     CountTimeout,
+    FleetError,
+    FleetExists,
+    HttpError,
+    IntegrityError,
     InvalidCountModel,
     InvalidInput,
+    InvalidPolicy,
+    InvalidSessionId,
+    InvalidSetting,
     MalformedMeasurement,
+    ManualAttemptOpen,
+    MethodNotAllowed,
+    NotAttemptHolder,
+    NotFound,
+    PayloadTooLarge,
     QualityMismatch,
+    RankFileError,
+    SchemaOutOfDate,
     StaleBasis,
+    StoreError,
+    StoreUnavailable,
+    SummaryTooLarge,
     TrackerError,
+    Unauthorized,
+    UnknownAttempt,
+    UnknownFleet,
+    UnknownKey,
+    UnknownSession,
+    WaitTimeout,
 )
 
-__version__ = "0.1.0"
+if TYPE_CHECKING:  # pragma: no cover
+    from tracker.service import Result, Tracker
+    from tracker.settings import Settings
+
+try:
+    __version__ = version("context-tracker")
+except PackageNotFoundError:  # pragma: no cover - running from a source tree that was never installed
+    __version__ = "0+unknown"
 
 __all__ = [
-    "Policy",
+    # the service and its settings
     "Tracker",
+    "Settings",
+    "Policy",
+    # what its methods return
+    "Result",
+    "Decision",
+    "Attempt",
+    "SessionState",
+    "Basis",
+    "Measurement",
+    "ModelRef",
+    # the loop guard
     "plan_reclaim",
     "LoopGuardEntry",
-    "ContextLimitError",
+    "ReclaimPlan",
+    # errors (the tree is in tracker.errors)
+    "TrackerError",
+    "InvalidInput",
+    "InvalidPolicy",
+    "InvalidSetting",
+    "InvalidSessionId",
+    "PayloadTooLarge",
+    "CountError",
     "CountTimeout",
     "InvalidCountModel",
     "QualityMismatch",
     "MalformedMeasurement",
     "ContextLimitUnknown",
+    "RankFileError",
+    "ContextLimitError",
     "StaleBasis",
-    "InvalidInput",
-    "TrackerError",
+    "AttemptError",
+    "UnknownAttempt",
+    "AttemptNotOpen",
+    "NotAttemptHolder",
+    "ManualAttemptOpen",
+    "SummaryTooLarge",
+    "WaitTimeout",
+    "StoreError",
+    "StoreUnavailable",
+    "ConcurrencyConflict",
+    "SchemaOutOfDate",
+    "IntegrityError",
+    "UnknownSession",
+    "FleetError",
+    "UnknownFleet",
+    "UnknownKey",
+    "FleetExists",
+    "HttpError",
+    "Unauthorized",
+    "NotFound",
+    "MethodNotAllowed",
 ]
 
 
-def __getattr__(name: str) -> Any:  # lazy: importing the core never pulls in databases or HTTP
-    if name == "Tracker":
-        from tracker.service import Tracker
+def __getattr__(name: str) -> Any:  # lazy: `import tracker` never pulls in databases, Redis or HTTP
+    if name in ("Tracker", "Result"):
+        from tracker import service
 
-        return Tracker
-    if name in ("plan_reclaim", "LoopGuardEntry"):
-        from tracker.core import loopguard
+        return getattr(service, name)
+    if name == "Settings":
+        from tracker.settings import Settings
 
-        return getattr(loopguard, name)
+        return Settings
     raise AttributeError(name)

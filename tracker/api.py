@@ -98,6 +98,8 @@ from tracker.errors import (
     CountTimeout,
     InvalidInput,
     InvalidSessionId,
+    MethodNotAllowed,
+    NotFound,
     PayloadTooLarge,
     SchemaOutOfDate,
     StaleBasis,
@@ -105,6 +107,7 @@ from tracker.errors import (
     StoreUnavailable,
     SummaryTooLarge,
     TrackerError,
+    Unauthorized,
     UnknownAttempt,
     UnknownSession,
     WaitTimeout,
@@ -125,18 +128,6 @@ MAX_VERSION = 2**31 - 1
 
 
 # -- errors -------------------------------------------------------------------------------------
-
-
-class Unauthorized(TrackerError):
-    code = "unauthorized"
-
-
-class NotFound(TrackerError):
-    code = "not_found"
-
-
-class MethodNotAllowed(TrackerError):
-    code = "method_not_allowed"
 
 
 #: THE mapping from error class to HTTP status (see the module docstring). Looked up along

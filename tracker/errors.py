@@ -3,14 +3,16 @@
     TrackerError
     ├── InvalidInput (also a ValueError)      bad caller input; names the field; nothing is written
     │   ├── InvalidPolicy                     a policy field out of range
+    │   ├── InvalidSetting                    a TRACKER_* variable is invalid; names the variable
     │   ├── InvalidSessionId
-    │   └── PayloadTooLarge                   an event's data exceeds the store's limit
+    │   └── PayloadTooLarge                   an event's data (or an HTTP body) exceeds the limit
     ├── CountError                            a count could not be trusted; recorded as CountFailed
     │   ├── CountTimeout                      no valid count within count_timeout_s
     │   ├── InvalidCountModel                 the counter cannot count this model / reported another
     │   ├── QualityMismatch                   quality not the counter's, or not allowed by policy
     │   ├── MalformedMeasurement              negative/non-integer tokens, missing fields, bad fingerprint
     │   └── ContextLimitUnknown               no input limit for the model (checked before counting)
+    ├── RankFileError                         a shipped encoding file is missing or not what tiktoken expects
     ├── ContextLimitError                     hard limit and no automatic attempt eligible
     ├── StaleBasis                            the measurement's revision is older than the session's
     ├── AttemptError                          commit / reject / wait refused
@@ -20,11 +22,20 @@
     │   ├── ManualAttemptOpen                 a manual attempt is already open
     │   └── SummaryTooLarge                   tokens_after >= input_limit (recorded as a rejection)
     ├── WaitTimeout                           wait() gave up before the attempt ended
-    └── StoreError
-        ├── StoreUnavailable                  the database cannot be reached; nothing was written
-        ├── ConcurrencyConflict               another writer appended first (expected version moved)
-        ├── SchemaOutOfDate                   the database schema is missing or older than the code
-        └── UnknownSession
+    ├── StoreError
+    │   ├── StoreUnavailable                  the database cannot be reached; nothing was written
+    │   ├── ConcurrencyConflict               another writer appended first (expected version moved)
+    │   ├── SchemaOutOfDate                   the database schema is missing or older than the code
+    │   ├── IntegrityError                    stored data contradicts itself (run `tracker verify`)
+    │   └── UnknownSession
+    ├── FleetError                            fleets and their API keys
+    │   ├── UnknownFleet
+    │   ├── UnknownKey
+    │   └── FleetExists
+    └── HttpError                             refusals only the HTTP API makes
+        ├── Unauthorized                      missing, malformed, unknown or revoked key
+        ├── NotFound                          no such route
+        └── MethodNotAllowed
 
 Every error has a stable ``code`` (used by the CLI's ``--json`` output and the
 HTTP API) and ``to_dict()`` so it can travel as data between processes.
@@ -63,6 +74,12 @@ class InvalidInput(TrackerError, ValueError):
 
 class InvalidPolicy(InvalidInput):
     code = "invalid_policy"
+
+
+class InvalidSetting(InvalidInput):
+    """A ``TRACKER_*`` environment variable is invalid; ``field`` is the variable's name."""
+
+    code = "invalid_setting"
 
 
 class InvalidSessionId(InvalidInput):
@@ -130,6 +147,12 @@ def count_error_from_dict(data: dict[str, Any]) -> CountError:
     return cls(str(data.get("message", "")), **details)
 
 
+class RankFileError(TrackerError):
+    """A shipped encoding (rank) file is missing or not the file tiktoken expects."""
+
+    code = "rank_file_error"
+
+
 # -- decisions -------------------------------------------------------------------------------
 
 
@@ -190,5 +213,49 @@ class SchemaOutOfDate(StoreError):
     code = "schema_out_of_date"
 
 
+class IntegrityError(StoreError):
+    """Stored data contradicts itself (e.g. a projection row disagrees with its stream)."""
+
+    code = "integrity_error"
+
+
 class UnknownSession(StoreError):
     code = "unknown_session"
+
+
+# -- fleets and keys -------------------------------------------------------------------------
+
+
+class FleetError(TrackerError):
+    code = "fleet_error"
+
+
+class UnknownFleet(FleetError):
+    code = "unknown_fleet"
+
+
+class UnknownKey(FleetError):
+    code = "unknown_key"
+
+
+class FleetExists(FleetError):
+    code = "fleet_exists"
+
+
+# -- HTTP-only refusals ----------------------------------------------------------------------
+
+
+class HttpError(TrackerError):
+    code = "http_error"
+
+
+class Unauthorized(HttpError):
+    code = "unauthorized"
+
+
+class NotFound(HttpError):
+    code = "not_found"
+
+
+class MethodNotAllowed(HttpError):
+    code = "method_not_allowed"

@@ -30,7 +30,7 @@ from typing import Any
 
 from sqlalchemy import Column, ForeignKey, Index, String, Table, insert, select, update
 
-from tracker.errors import InvalidInput, TrackerError
+from tracker.errors import FleetExists, InvalidInput, TrackerError, UnknownFleet, UnknownKey
 from tracker.store.schema import UTCDateTime, metadata
 
 UTC = timezone.utc
@@ -59,18 +59,6 @@ api_keys = Table(
     Column("revoked_at", UTCDateTime(), nullable=True),
     Index(None, "fleet_id"),
 )
-
-
-class UnknownFleet(TrackerError):
-    code = "unknown_fleet"
-
-
-class UnknownKey(TrackerError):
-    code = "unknown_key"
-
-
-class FleetExists(TrackerError):
-    code = "fleet_exists"
 
 
 def hash_token(token: str) -> str:

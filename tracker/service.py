@@ -40,6 +40,7 @@ from tracker.core import (
 )
 from tracker.core.decide import _outcome
 from tracker.errors import ConcurrencyConflict, CountError, InvalidInput, ManualAttemptOpen, TrackerError, WaitTimeout
+from tracker.bootstrap import build_components
 from tracker.settings import Settings
 
 log = logging.getLogger("tracker.service")
@@ -90,24 +91,14 @@ class Tracker:
 
     @classmethod
     def from_settings(cls, settings: Settings | None = None, **overrides: Any) -> "Tracker":
-        from tracker.store import open_store
+        """A Tracker wired by the composition root from ``settings`` (default: ``Settings.load()``).
 
-        s = settings or Settings.from_env()
-        store = open_store(s.database_url, projector=SessionProjector())
-        counting = overrides.pop("counting", None)
-        if counting is None:
-            import os
-
-            from tracker.counting import counting_from_settings
-
-            counting = counting_from_settings({**os.environ, **s.env()})
-        return cls(
-            store,
-            policy=overrides.pop("policy", s.policy),
-            counting=counting,
-            coordinator=overrides.pop("coordinator", None) or coordinator_from_url(s.redis_url, s.lock_ttl_s),
-            **overrides,
-        )
+        ``counting=``, ``coordinator=`` and ``policy=`` replace one part; ``clock=`` and
+        ``new_id=`` are passed to the Tracker.
+        """
+        parts = {k: overrides.pop(k) for k in ("counting", "coordinator", "policy") if k in overrides}
+        c = build_components(settings, **parts)
+        return cls(c.store, policy=c.policy, counting=c.counting, coordinator=c.coordinator, **overrides)
 
     def close(self) -> None:
         self.store.close()

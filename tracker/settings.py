@@ -1,32 +1,80 @@
-"""Settings from the environment (prefix ``TRACKER_``), one place for every default.
+"""Every setting, read once from the environment (prefix ``TRACKER_``) with pydantic-settings.
 
-=========================  ===============================================  ==========================
-variable                   meaning                                          default
-=========================  ===============================================  ==========================
-TRACKER_DATABASE_URL       SQLAlchemy URL of the event store                ``sqlite:///.tracker/tracker.db``
-TRACKER_REDIS_URL          Redis for cross-process coordination             none: in-process locks
-TRACKER_BROKER_URL         Celery broker for counting workers               none: count in-process
-TRACKER_RESULT_BACKEND     Celery result backend                            the broker if Redis, else Redis on localhost
-TRACKER_MODELS_FILE        JSON file of extra / overriding model entries     none
-TRACKER_LOCK_TTL_S         Redis session-lock time to live                  5
-TRACKER_<POLICY FIELD>     every Policy field, e.g. TRACKER_COMPACT_AT_BP   SPEC §3 defaults
-=========================  ===============================================  ==========================
+This module is the only place in the project that reads ``TRACKER_*``. A process
+calls :meth:`Settings.load` once at start and passes the typed sections down:
+
+    Settings
+    ├── store          StoreSettings          TRACKER_DATABASE_URL
+    ├── coordination   CoordinationSettings   TRACKER_REDIS_URL, TRACKER_LOCK_TTL_S
+    ├── counting       CountingSettings       TRACKER_BROKER_URL, TRACKER_RESULT_BACKEND, TRACKER_COUNT_QUEUE,
+    │                                         TRACKER_MODELS_FILE
+    ├── providers      ProviderSettings       TRACKER_ANTHROPIC_*, TRACKER_OPENAI_*
+    ├── policy         Policy (the core's)    TRACKER_<POLICY FIELD>, e.g. TRACKER_COMPACT_AT_BP
+    ├── api            ApiSettings            TRACKER_MAX_BODY_BYTES, TRACKER_API_KEY_CACHE_S, TRACKER_API_THREADS
+    └── bench          BenchSettings          TRACKER_BENCH_*
+
+Variable names are flat (``TRACKER_<FIELD>``) whatever section holds the field, so every
+name is unique across the tree (a test checks it). An invalid value raises
+:class:`~tracker.errors.InvalidSetting` naming the variable; ``tracker`` (every command),
+``tracker serve`` and ``tracker worker`` all stop at start with it.
 """
 
 from __future__ import annotations
 
+import contextvars
+import dataclasses
 import os
-from dataclasses import dataclass, field
-from typing import Mapping
+from collections.abc import Iterator, Mapping
+from typing import Any, ClassVar
 
-from tracker.core.policy import Policy
-from tracker.errors import InvalidInput
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, create_model, field_validator
+from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 
+from tracker.core.policy import POLICY_DOCS, Policy
+from tracker.errors import InvalidPolicy, InvalidSetting
+
+ENV_PREFIX = "TRACKER_"
 DEFAULT_DATABASE_URL = "sqlite:///.tracker/tracker.db"
 
+# The environment a load reads: os.environ unless Settings.load(env) was given a mapping.
+_ENV: contextvars.ContextVar[Mapping[str, str] | None] = contextvars.ContextVar("tracker_settings_env", default=None)
 
-def normalise_database_url(url: str) -> str:
-    """Accept libpq-style URLs and point them at psycopg 3."""
+
+class _MappingEnvSource(EnvSettingsSource):
+    """pydantic-settings' environment source, reading the mapping given to ``Settings.load``."""
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        env = _ENV.get()
+        env = os.environ if env is None else env
+        return {(k if self.case_sensitive else k.lower()): v for k, v in env.items()
+                if k[:len(ENV_PREFIX)].upper() == ENV_PREFIX and not (self.env_ignore_empty and v == "")}
+
+
+class Section(BaseSettings):
+    """One section of the tree: its fields are read from ``TRACKER_<FIELD>``."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True, env_ignore_empty=True)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return init_settings, _MappingEnvSource(settings_cls)
+
+    @classmethod
+    def variables(cls) -> Iterator[tuple[str, Any, str]]:
+        """(variable, default, description) of every field, for documentation and ``tracker info``."""
+        for name, info in cls.model_fields.items():
+            yield ENV_PREFIX + name.upper(), info.get_default(call_default_factory=True), info.description or ""
+
+
+def normalize_database_url(url: str) -> str:
+    """Accept libpq-style URLs (``postgres://``, ``postgresql://``) and point them at psycopg 3."""
     if url.startswith("postgres://"):
         url = "postgresql://" + url[len("postgres://"):]
     if url.startswith("postgresql://"):
@@ -34,46 +82,163 @@ def normalise_database_url(url: str) -> str:
     return url
 
 
-@dataclass(frozen=True)
-class Settings:
-    database_url: str = DEFAULT_DATABASE_URL
-    redis_url: str | None = None
-    broker_url: str | None = None
-    result_backend: str | None = None
-    models_file: str | None = None
-    lock_ttl_s: float = 5.0
-    policy: Policy = field(default_factory=Policy)
+class StoreSettings(Section):
+    database_url: str = Field(
+        DEFAULT_DATABASE_URL,
+        description="event store: a SQLAlchemy URL (`postgresql://…` uses psycopg 3; default an embedded SQLite file)",
+    )
+
+    def model_post_init(self, _: Any) -> None:
+        object.__setattr__(self, "database_url", normalize_database_url(self.database_url))
+
+
+class CoordinationSettings(Section):
+    redis_url: str | None = Field(None, description="Redis for cross-process coordination (none: in-process locks)")
+    lock_ttl_s: float = Field(5.0, gt=0, allow_inf_nan=False, description="time to live of a Redis session lock, seconds")
+
+
+class CountingSettings(Section):
+    broker_url: str | None = Field(None, description="Celery broker for counting workers, Redis or RabbitMQ (none: count in-process)")
+    result_backend: str | None = Field(
+        None, description="Celery result backend (default: the broker when it is Redis, else Redis on localhost)"
+    )
+    count_queue: str = Field("tracker.count", min_length=1, description="queue the counts go to and the workers consume")
+    models_file: str | None = Field(None, description="JSON file of model registry entries to add or override")
+
+
+class ProviderSettings(Section):
+    anthropic_base_url: str = Field("https://api.anthropic.com", description="Anthropic API base URL (token counting)")
+    anthropic_api_key: SecretStr | None = Field(None, description="Anthropic API key: exact counts for Anthropic models")
+    anthropic_version: str = Field("2023-06-01", description="`anthropic-version` header sent with count requests")
+    openai_base_url: str = Field("https://api.openai.com", description="OpenAI API base URL (token counting)")
+    openai_api_key: SecretStr | None = Field(None, description="OpenAI API key: provider counts for OpenAI models")
+
+
+def _policy_section() -> type[Section]:
+    """The policy section, generated from the core's ``Policy`` so its defaults live in one place."""
+    defaults = Policy()
+    fields: dict[str, Any] = {}
+    for f in dataclasses.fields(Policy):
+        annotation = {"automatic": bool, "counter_policy": str, "turn_delta": float | None}.get(f.name)
+        if annotation is None:
+            annotation = type(getattr(defaults, f.name))
+        fields[f.name] = (annotation, Field(getattr(defaults, f.name), description=POLICY_DOCS[f.name]))
+    def off_is_none(value: Any) -> Any:
+        return None if isinstance(value, str) and value.strip().lower() in ("none", "null", "off") else value
+
+    validators = {"turn_delta_off": field_validator("turn_delta", mode="before")(off_is_none)}
+    return create_model("PolicySettings", __base__=Section, __validators__=validators, **fields)
+
+
+PolicySettings = _policy_section()
+
+
+class ApiSettings(Section):
+    max_body_bytes: int = Field(1 << 20, ge=1, description="HTTP bodies larger than this get 413 before parsing")
+    api_key_cache_s: float = Field(1.0, ge=0, allow_inf_nan=False, description="how long a server trusts a looked-up key (a revoked key works at most this long)")
+    api_threads: int = Field(40, ge=1, description="request threads per `tracker serve` process")
+
+
+class BenchSettings(Section):
+    bench_pg: str | None = Field(
+        None, description="Postgres server the bench makes scratch databases on (default: TRACKER_DATABASE_URL when Postgres)"
+    )
+    bench_redis: str | None = Field(None, description="Redis for the bench (default: TRACKER_REDIS_URL)")
+    bench_broker: str | None = Field(None, description="Celery broker for the bench (default: TRACKER_BROKER_URL)")
+
+
+class Settings(BaseModel):
+    """The whole tree. ``Settings.load()`` reads the environment; ``Settings()`` is all defaults."""
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    SECTIONS: ClassVar[dict[str, type[Section]]] = {
+        "store": StoreSettings,
+        "coordination": CoordinationSettings,
+        "counting": CountingSettings,
+        "providers": ProviderSettings,
+        "policy": PolicySettings,
+        "api": ApiSettings,
+        "bench": BenchSettings,
+    }
+
+    store: StoreSettings = Field(default_factory=StoreSettings)
+    coordination: CoordinationSettings = Field(default_factory=CoordinationSettings)
+    counting: CountingSettings = Field(default_factory=CountingSettings)
+    providers: ProviderSettings = Field(default_factory=ProviderSettings)
+    policy: Policy = Field(default_factory=Policy)
+    api: ApiSettings = Field(default_factory=ApiSettings)
+    bench: BenchSettings = Field(default_factory=BenchSettings)
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
-        env = os.environ if env is None else env
-
-        def get(name: str) -> str | None:
-            value = env.get("TRACKER_" + name)
-            return value if value else None
-
-        ttl = get("LOCK_TTL_S")
+    def load(cls, env: Mapping[str, str] | None = None) -> Settings:
+        """Read every section from ``env`` (default ``os.environ``); raise ``InvalidSetting`` naming the variable."""
+        token = _ENV.set(env)
         try:
-            lock_ttl = float(ttl) if ttl else 5.0
-        except ValueError:
-            raise InvalidInput("TRACKER_LOCK_TTL_S", f"must be a number, got {ttl!r}") from None
-        return cls(
-            database_url=normalise_database_url(get("DATABASE_URL") or DEFAULT_DATABASE_URL),
-            redis_url=get("REDIS_URL"),
-            broker_url=get("BROKER_URL"),
-            result_backend=get("RESULT_BACKEND"),
-            models_file=get("MODELS_FILE"),
-            lock_ttl_s=lock_ttl,
-            policy=Policy.from_env(env),
-        )
+            sections: dict[str, Any] = {}
+            for name, section in cls.SECTIONS.items():
+                try:
+                    sections[name] = section()
+                except ValidationError as exc:
+                    err = exc.errors()[0]
+                    field = str(err["loc"][0]) if err["loc"] else name
+                    raise InvalidSetting(ENV_PREFIX + field.upper(), _problem(err)) from None
+            try:
+                sections["policy"] = Policy(**sections["policy"].model_dump())
+            except InvalidPolicy as exc:
+                raise InvalidSetting(ENV_PREFIX + exc.field.upper(), exc.problem) from None
+            return cls(**sections)
+        finally:
+            _ENV.reset(token)
 
-    def env(self) -> dict[str, str]:
-        """The same settings as environment variables (for child processes)."""
-        out = {"TRACKER_DATABASE_URL": self.database_url}
-        for key, value in (("REDIS_URL", self.redis_url), ("BROKER_URL", self.broker_url),
-                           ("RESULT_BACKEND", self.result_backend), ("MODELS_FILE", self.models_file)):
-            if value:
-                out["TRACKER_" + key] = value
-        for name, value in self.policy.to_data().items():
-            out["TRACKER_" + name.upper()] = "none" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
-        return out
+    @classmethod
+    def of(cls, **values: Any) -> Settings:
+        """Settings from keyword values named like the variables, without ``TRACKER_`` (tests, embedding).
+
+        ``Settings.of(database_url="sqlite:///x.db", redis_url=None, compact_at_bp=7000)`` – values are
+        validated exactly as the environment's are.
+        """
+        return cls.load({ENV_PREFIX + k.upper(): _env_text(v) for k, v in values.items() if v is not None})
+
+    @classmethod
+    def variables(cls) -> Iterator[tuple[str, str, Any, str]]:
+        """(section, variable, default, description) for every setting, in tree order."""
+        for name, section in cls.SECTIONS.items():
+            for variable, default, doc in section.variables():
+                yield name, variable, default, doc
+
+    def describe(self) -> list[tuple[str, str, str]]:
+        """(variable, effective value, section) of every setting, secrets and passwords masked."""
+        rows = []
+        for name, section in self.SECTIONS.items():
+            values = self.policy.to_data() if name == "policy" else getattr(self, name).model_dump()
+            for field in section.model_fields:
+                rows.append((ENV_PREFIX + field.upper(), mask(values.get(field)), name))
+        return rows
+
+
+def _problem(err: Mapping[str, Any]) -> str:
+    value = err.get("input")
+    return f"{err.get('msg', 'invalid value')}, got {value!r}" if isinstance(value, str) else str(err.get("msg"))
+
+
+def _env_text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def mask(value: Any) -> str:
+    """A value as text with any secret hidden: API keys entirely, the password inside a URL."""
+    if value is None:
+        return "(none)"
+    if isinstance(value, SecretStr):
+        return "********" if value.get_secret_value() else "(none)"
+    text = str(value).lower() if isinstance(value, bool) else str(value)
+    if "://" in text and "@" in text.split("://", 1)[1]:
+        scheme, rest = text.split("://", 1)
+        creds, host = rest.rsplit("@", 1)
+        if ":" in creds:
+            creds = creds.split(":", 1)[0] + ":********"
+        text = f"{scheme}://{creds}@{host}"
+    return text

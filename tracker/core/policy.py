@@ -11,6 +11,20 @@ from tracker.errors import InvalidPolicy
 
 COUNTER_POLICIES = ("allow_conservative", "require_exact")
 
+# What each field means; the settings tree, `tracker info` and the docs read it from here.
+POLICY_DOCS: dict[str, str] = {
+    "automatic": "false = observe-only: pressure is never `compact` and no automatic attempt opens",
+    "compact_at_bp": "compact when occupancy reaches this many basis points of the input limit",
+    "rearm_below_bp": "after compacting, pressure stays `compact` until occupancy drops below this",
+    "counter_policy": "`allow_conservative` also accepts heuristic counts; `require_exact` only exact ones",
+    "reserved_output": "tokens kept free for the model's reply",
+    "safety_margin": "tokens kept free beside the reply (must be > 0 when heuristic counts are allowed)",
+    "count_timeout_s": "seconds a count may take before it fails as `CountTimeout`",
+    "turn_delta": "growth trigger: compact when one turn grows usage by this fraction of the window (none = off)",
+    "max_automatic_per_episode": "loop breaker: automatic attempts allowed before pressure returns to normal",
+    "attempt_lease_s": "seconds an attempt may stay open before it is rejected as `lease_expired`",
+}
+
 
 @dataclass(frozen=True)
 class Policy:
@@ -81,40 +95,6 @@ class Policy:
     def replace(self, **changes: Any) -> "Policy":
         return Policy.from_data({**self.to_data(), **{k: v for k, v in changes.items()}})
 
-    @classmethod
-    def from_env(cls, env: Mapping[str, str], prefix: str = "TRACKER_") -> "Policy":
-        """Read every policy field from ``TRACKER_<FIELD>`` (upper case)."""
-        values: dict[str, Any] = {}
-        for f in fields(cls):
-            raw = env.get(prefix + f.name.upper())
-            if raw is None or raw == "":
-                continue
-            values[f.name] = _parse_env(f.name, raw)
-        return cls(**values)
-
 
 def _positive_finite(value: Any) -> bool:
     return (is_int(value) or isinstance(value, float)) and math.isfinite(value) and value > 0
-
-
-def _parse_env(name: str, raw: str) -> Any:
-    default = getattr(Policy(), name)
-    try:
-        if name == "automatic":
-            lowered = raw.strip().lower()
-            if lowered in ("1", "true", "yes", "on"):
-                return True
-            if lowered in ("0", "false", "no", "off"):
-                return False
-            raise ValueError(raw)
-        if name == "turn_delta":
-            return None if raw.strip().lower() in ("none", "null", "off") else float(raw)
-        if isinstance(default, bool):
-            raise ValueError(raw)
-        if isinstance(default, int):
-            return int(raw)
-        if isinstance(default, float):
-            return float(raw)
-        return raw
-    except ValueError:
-        raise InvalidPolicy(name, f"cannot parse TRACKER_{name.upper()}={raw!r}") from None

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol, runtime_checkable
 
 from tracker.counting.request import CanonicalRequest, ImagePart, Part, TextPart, ToolCallPart, ToolResultPart, canonical_json
-from tracker.errors import InvalidCountModel
+from tracker.errors import InvalidCountModel, RankFileError
 
 if TYPE_CHECKING:  # pragma: no cover
     import tiktoken
@@ -155,10 +155,6 @@ ENCODINGS: dict[str, EncodingSource] = {
 
 _encoding_lock = threading.Lock()
 _encodings: dict[str, "tiktoken.Encoding"] = {}
-
-
-class RankFileError(RuntimeError):
-    """The shipped rank file is missing or not the file tiktoken expects."""
 
 
 def rank_file_path(encoding_name: str) -> str:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import tracker
-from tracker.errors import SchemaOutOfDate, StoreUnavailable
+from tracker.errors import IntegrityError, SchemaOutOfDate, StoreUnavailable
 
 
 
@@ -70,7 +70,7 @@ def _script_directory():
 def head_revision() -> str:
     heads = _script_directory().get_heads()
     if len(heads) != 1:
-        raise RuntimeError(f"the migrations have {len(heads)} heads {heads}; merge them")
+        raise IntegrityError(f"the migrations have {len(heads)} heads {heads}; merge them")
     return heads[0]
 
 
