@@ -19,7 +19,7 @@ COPY examples ./examples
 
 # Installed in place (-e): `tracker db upgrade` finds its Alembic migrations in /app/alembic
 # (a built wheel carries them as tracker/alembic), and the demo's model registry
-# is /app/tracker/demo_models.json.
+# is /app/tracker/demo/models.json.
 RUN pip install -e . \
  && useradd --system --uid 10001 --user-group --create-home --home-dir /home/tracker tracker \
  && mkdir -p /data \

@@ -3,7 +3,7 @@
 The database URL comes from (first found): ``config.attributes["connection"]``
 (an open SQLAlchemy connection, used by tests), ``config.attributes["url"]``
 (set by ``tracker.store.migrate``), the ``sqlalchemy.url`` option, or the
-``TRACKER_DATABASE_URL`` environment variable.
+tracker's settings (``TRACKER_DATABASE_URL``, read by ``tracker.settings``).
 
 On PostgreSQL all pending migrations run in one transaction that first takes an
 advisory lock, so concurrent ``tracker db upgrade`` runs queue up instead of
@@ -12,13 +12,12 @@ racing each other.
 
 from __future__ import annotations
 
-import os
 from logging.config import fileConfig
 
 from alembic import context
 from sqlalchemy import create_engine, pool, text
 
-from tracker.store.migrate import normalize_url
+from tracker.settings import Settings, normalize_database_url
 from tracker.store.schema import MIGRATE_LOCK_KEY, metadata
 
 config = context.config
@@ -29,10 +28,10 @@ if config.config_file_name is not None:  # the `alembic` CLI with alembic.ini (n
 
 
 def _url() -> str:
-    url = config.attributes.get("url") or config.get_main_option("sqlalchemy.url") or os.environ.get("TRACKER_DATABASE_URL")
-    if not url:
-        raise RuntimeError("no database URL: set TRACKER_DATABASE_URL or pass one to tracker.store.migrate.upgrade()")
-    return normalize_url(url)
+    url = config.attributes.get("url") or config.get_main_option("sqlalchemy.url")
+    if not url:  # the plain `alembic` CLI: the same database the tracker would use
+        url = Settings.load().store.database_url
+    return normalize_database_url(url)
 
 
 def run_migrations_offline() -> None:

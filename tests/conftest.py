@@ -13,30 +13,24 @@ import uuid
 
 import pytest
 
+from tracker.bench.procs import create_scratch_db, drop_scratch_db
+from tracker.settings import normalize_database_url
+
 PG_ADMIN_URL = os.environ.get("TRACKER_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 REDIS_URL = os.environ.get("TRACKER_TEST_REDIS", "redis://127.0.0.1:6379/0")
 
 
 def _sqlalchemy_url(libpq_url: str) -> str:
-    return libpq_url.replace("postgresql://", "postgresql+psycopg://", 1)
+    return normalize_database_url(libpq_url)
 
 
 def create_pg_database(prefix: str = "ct") -> tuple[str, str]:
     """Create a fresh database; return (name, libpq url)."""
-    import psycopg
-
-    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    base = PG_ADMIN_URL.rsplit("/", 1)[0]
-    return name, f"{base}/{name}"
+    return create_scratch_db(PG_ADMIN_URL, prefix)
 
 
 def drop_pg_database(name: str) -> None:
-    import psycopg
-
-    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    drop_scratch_db(PG_ADMIN_URL, name)
 
 
 @pytest.fixture

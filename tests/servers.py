@@ -8,11 +8,9 @@ import subprocess
 import tempfile
 import time
 
+from tracker.bench.procs import free_port
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+__all__ = ["PrivateRedis", "free_port"]
 
 
 class PrivateRedis:
@@ -27,7 +25,7 @@ class PrivateRedis:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def start(self) -> "PrivateRedis":
+    def start(self) -> PrivateRedis:
         self.proc = subprocess.Popen(
             ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
              "--dir", self.dir],

@@ -21,10 +21,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tracker.api_bench import start_server
-
 from tests.conftest import REDIS_URL, _sqlalchemy_url, create_pg_database, drop_pg_database
 from tests.servers import free_port
+from tracker.bench.procs import start_server
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
@@ -212,6 +211,22 @@ def test_readyz_says_why_when_the_schema_is_old(server):
     finally:
         stop_server(proc)
         drop_pg_database(name)
+
+
+def test_the_readme_error_table_agrees_with_error_status():
+    """The README's status table is documentation of ``ERROR_STATUS``, never a second source: every code agrees."""
+    import re
+    from pathlib import Path
+
+    from tracker.http.errors import codes_by_status
+
+    status_of_code = {code: status for status, codes in codes_by_status().items() for code in codes}
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    rows = re.findall(r"^\| (\d{3}) \| (`[^|]+`) \|", readme, flags=re.MULTILINE)
+    assert rows, "the README has no error table"
+    for status, codes in rows:
+        for code in re.findall(r"`([a-z_]+)`", codes):
+            assert status_of_code.get(code) == int(status), (code, status, status_of_code.get(code))
 
 
 # -- the lifecycle --------------------------------------------------------------------------------

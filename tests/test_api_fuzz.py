@@ -12,7 +12,7 @@ garbage key or none. Checked on every response:
 * a request without a valid key is 401 on every /v1 route;
 * **nothing written by a refused request**: the store's global event count and max
   position are the same before and after every 4xx, except for the refusals that are
-  decisions and recorded by design (``tracker.api.RECORDED_REFUSALS``: context_limit,
+  decisions and recorded by design (``tracker.http.errors.RECORDED_REFUSALS``: context_limit,
   stale_basis, summary_too_large, count failures).
 
 Bounded: at most 30 positive + 15 negative examples per operation, no shrinking
@@ -45,8 +45,8 @@ NEGATIVE_EXAMPLES = 15
 
 @pytest.fixture(scope="module")
 def fuzz_server():
-    from tracker.fleets import FleetStore
     from tracker.store import make_engine, upgrade
+    from tracker.store.fleets import FleetStore
 
     name, url = create_pg_database()
     db_url = _sqlalchemy_url(url)
@@ -97,7 +97,7 @@ def test_fuzz_the_openapi_document(fuzz_server):
         status_code_conformance,
     )
 
-    from tracker.api import RECORDED_REFUSALS
+    from tracker.http.errors import RECORDED_REFUSALS
 
     schema = schemathesis.openapi.from_url(fuzz_server["url"] + "/openapi.json")
     probe = LogProbe(fuzz_server["db_url"])
@@ -144,7 +144,7 @@ def test_fuzz_the_openapi_document(fuzz_server):
                           phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
                 @given(case=strategy, auth=auth_strategy)
                 def run(case: Any, auth: str) -> None:
-                    check(case, mode, auth)
+                    check(case, mode, auth)  # noqa: B023 - run() is called inside this iteration
 
                 try:
                     run()

@@ -3,8 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+
+import pytest
+
+from tracker.bench import SECTIONS, Targets, run_bench
+from tracker.bench.procs import free_port
+from tracker.bench.stats import latency_ms, percentile, ratio, throughput
+from tracker.settings import Settings
 
 
 def test_bench_core_prints_figures():
@@ -22,3 +30,71 @@ def test_bench_unknown_section_is_refused():
                          capture_output=True, text=True, timeout=60)
     assert out.returncode != 0
     assert "only" in (out.stdout + out.stderr)
+
+
+def _closed_pg() -> str:
+    return f"postgresql://postgres:secret@127.0.0.1:{free_port()}/test"
+
+
+def test_a_section_that_cannot_run_fails_the_bench_and_says_where():
+    result = run_bench(quick=True, only={"core", "store"}, settings=Settings.of(bench_pg=_closed_pg()))
+    assert result["ok"] is False and result["failed"] == ["store"]
+    assert "StoreUnavailable" in result["store"]["error"]
+    assert result["store"]["against"]["postgres"].startswith("postgresql://postgres:********@127.0.0.1:")
+    assert "secret" not in json.dumps(result)
+    assert result["core"]["decisions"] > 0 and "error" not in result["core"]
+
+
+def test_cli_exits_non_zero_when_a_section_fails():
+    env = {**os.environ, "TRACKER_BENCH_PG": _closed_pg()}
+    out = subprocess.run([sys.executable, "-m", "tracker.cli", "bench", "--json", "--quick", "--only", "store"],
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode != 0
+    result = json.loads(out.stdout)
+    assert result["ok"] is False and result["failed"] == ["store"]
+
+
+def test_targets_come_from_settings():
+    assert Targets.from_settings(Settings.of()) == Targets(
+        pg="postgresql://postgres@127.0.0.1:5432/test", redis="redis://127.0.0.1:6379/0", broker="redis://127.0.0.1:6379/0")
+    own = Settings.of(database_url="postgres://u@db:5432/app", redis_url="redis://r:6379/1", broker_url="amqp://mq//")
+    assert Targets.from_settings(own) == Targets(
+        pg="postgresql+psycopg://u@db:5432/app", redis="redis://r:6379/1", broker="amqp://mq//")
+    bench = Settings.of(database_url="postgres://u@db/app", bench_pg="postgresql://b@pg/x", bench_redis="redis://b/2",
+                        bench_broker="redis://b/3")
+    assert Targets.from_settings(bench) == Targets(pg="postgresql://b@pg/x", redis="redis://b/2", broker="redis://b/3")
+    sqlite = Settings.of(database_url="sqlite:///x.db")
+    assert Targets.from_settings(sqlite).pg == "postgresql://postgres@127.0.0.1:5432/test"
+
+
+def test_sections_in_run_order():
+    assert list(SECTIONS) == ["core", "store", "counting", "service", "http"]
+
+
+def test_percentile_interpolates_between_closest_ranks():
+    assert percentile([3.0], 50) == 3.0
+    assert percentile([1, 2, 3, 4], 0) == 1 and percentile([1, 2, 3, 4], 100) == 4
+    assert percentile([4, 1, 3, 2], 50) == 2.5
+    assert percentile(range(1, 101), 99) == pytest.approx(99.01)
+    assert percentile([10, 20], 25) == 12.5
+    with pytest.raises(ValueError):
+        percentile([], 50)
+    with pytest.raises(ValueError):
+        percentile([1], 101)
+
+
+def test_latency_throughput_and_ratio():
+    assert latency_ms([0.001, 0.002, 0.003]) == {"ms_p50": 2.0, "ms_p99": 2.98}
+    assert latency_ms([]) == {"ms_p50": None, "ms_p99": None}
+    assert throughput(300, 2.0) == 150.0
+    assert ratio(1, 3) == 0.333 and ratio(1, 0) is None and ratio(None, 2) is None
+
+
+def test_store_fixture_is_an_event_the_core_records():
+    from tracker.bench.store import EVENT
+    from tracker.core.events import ContextMeasured, event_from_data
+
+    event = event_from_data(EVENT.type, EVENT.data)
+    assert isinstance(event, ContextMeasured)
+    assert event.to_data() == EVENT.data
+    assert event.measurement["basis"] == "r3:msg-000187" and event.action == "proceed"

@@ -30,7 +30,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACKER = shutil.which("tracker")
-DEMO_MODELS = ROOT / "tracker" / "demo_models.json"
+DEMO_MODELS = ROOT / "tracker" / "demo" / "models.json"
 # The demo's broken-compactor session (the 2nd) reaches its input limit at step 32.
 DEMO_STEPS = 34
 
@@ -133,7 +133,7 @@ def audit_flow(cli: Cli, *, workers: int, sessions: int, distributed: bool) -> d
     measured = [e for e in hist if e["type"] == "ContextMeasured"]
     measure_rows = [r for r in rows if r["op"] == "measure"]
     assert [r["version"] for r in measure_rows] == [e["version"] for e in measured]
-    for r, e in zip(measure_rows, measured):
+    for r, e in zip(measure_rows, measured, strict=True):
         assert r["recorded_action"] == e["data"]["action"]
         assert r["whatif"]["compact_level"] < e["data"]["compact_level"]
         assert r["whatif"]["threshold_bp"] == 7000
@@ -234,7 +234,7 @@ class Worker:
         raise AssertionError(f"tracker worker not ready after {timeout}s:\n{self.output()[-3000:]}")
 
     def stop(self) -> None:
-        from workers.app import stop_process_group
+        from tracker.bench.procs import stop_process_group
 
         stop_process_group(self.proc, grace_s=15)
         self.log.close()

@@ -83,7 +83,7 @@ def test_services_and_wiring(resolved):
         assert e["TRACKER_DATABASE_URL"] == PG_URL, name
         assert e["TRACKER_REDIS_URL"].startswith("redis://redis:6379/"), name
         assert e["TRACKER_BROKER_URL"] == "redis://redis:6379/1", name
-        assert e["TRACKER_MODELS_FILE"] == "/app/tracker/demo_models.json", name
+        assert e["TRACKER_MODELS_FILE"] == "/app/tracker/demo/models.json", name
         assert all(k.startswith("TRACKER_") for k in e), f"{name}: configured through TRACKER_* only"
 
     # a one-shot migration after Postgres is healthy; everything else waits for it to succeed

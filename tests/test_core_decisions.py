@@ -927,17 +927,24 @@ def test_policy_replace_validates():
 
 
 def test_policy_from_env():
-    p = Policy.from_env({"TRACKER_COMPACT_AT_BP": "7000", "TRACKER_AUTOMATIC": "true", "TRACKER_TURN_DELTA": "0.25",
+    """The policy section of the settings tree: every field from TRACKER_<FIELD>, errors name the variable."""
+    from tracker.errors import InvalidSetting
+    from tracker.settings import Settings
+
+    def from_env(env):
+        return Settings.load(env).policy
+
+    p = from_env({"TRACKER_COMPACT_AT_BP": "7000", "TRACKER_AUTOMATIC": "true", "TRACKER_TURN_DELTA": "0.25",
                          "TRACKER_COUNT_TIMEOUT_S": "1.5", "TRACKER_SAFETY_MARGIN": ""})
     assert (p.compact_at_bp, p.automatic, p.turn_delta, p.count_timeout_s, p.safety_margin) == (7000, True, 0.25, 1.5,
                                                                                                8192)
-    assert Policy.from_env({"TRACKER_TURN_DELTA": "off"}).turn_delta is None
-    with pytest.raises(InvalidPolicy) as exc:
-        Policy.from_env({"TRACKER_COMPACT_AT_BP": "eighty"})
-    assert exc.value.field == "compact_at_bp"
-    with pytest.raises(InvalidPolicy) as exc:
-        Policy.from_env({"TRACKER_AUTOMATIC": "maybe"})
-    assert exc.value.field == "automatic"
-    with pytest.raises(InvalidPolicy) as exc:
-        Policy.from_env({"TRACKER_COMPACT_AT_BP": "5000"})
-    assert exc.value.field == "rearm_below_bp"
+    assert from_env({"TRACKER_TURN_DELTA": "off"}).turn_delta is None
+    with pytest.raises(InvalidSetting) as exc:
+        from_env({"TRACKER_COMPACT_AT_BP": "eighty"})
+    assert exc.value.field == "TRACKER_COMPACT_AT_BP"
+    with pytest.raises(InvalidSetting) as exc:
+        from_env({"TRACKER_AUTOMATIC": "maybe"})
+    assert exc.value.field == "TRACKER_AUTOMATIC"
+    with pytest.raises(InvalidSetting) as exc:
+        from_env({"TRACKER_COMPACT_AT_BP": "5000"})
+    assert exc.value.field == "TRACKER_REARM_BELOW_BP"

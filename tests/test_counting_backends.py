@@ -7,19 +7,12 @@ import time
 
 import pytest
 
+from tests.support.counters import test_models
+from tracker.bootstrap import build_counting
 from tracker.core.model import Basis, Measurement
 from tracker.core.policy import Policy
-from tracker.counting import (
-    CanonicalRequest,
-    CeleryCounting,
-    CountResult,
-    InProcessCounting,
-    ModelRegistry,
-    counting_from_settings,
-    run_count_task,
-    validate_count,
-)
-from tracker.counting.testing import test_models
+from tracker.counting import CanonicalRequest, CeleryCounting, CountResult, InProcessCounting, ModelRegistry
+from tracker.counting.backends import run_count_task, validate_count
 from tracker.errors import (
     ContextLimitUnknown,
     CountTimeout,
@@ -29,6 +22,7 @@ from tracker.errors import (
     QualityMismatch,
     count_error_from_dict,
 )
+from tracker.settings import Settings
 
 REQUEST = {
     "system": "You are terse.",
@@ -43,7 +37,7 @@ BASIS = Basis(2, "msg-3")
 
 @pytest.fixture(scope="module")
 def registry():
-    return ModelRegistry.load(test_models(sleep_s=5.0), settings={})
+    return ModelRegistry.load(test_models(sleep_s=5.0))
 
 
 @pytest.fixture(scope="module")
@@ -195,14 +189,17 @@ def test_task_body_returns_failures_as_data_that_round_trip(registry):
     assert type(again) is MalformedMeasurement and again.field == "input_tokens" and str(again) == str(malformed)
 
 
-def test_counting_from_settings_picks_the_backend(registry):
-    assert isinstance(counting_from_settings({}, registry=registry), InProcessCounting)
-    celery = counting_from_settings({"TRACKER_BROKER_URL": "redis://127.0.0.1:6379/0", "TRACKER_COUNT_QUEUE": "q1"}, registry=registry)
+def test_build_counting_picks_the_backend(registry):
+    assert isinstance(build_counting(Settings.of(), registry=registry), InProcessCounting)
+    celery = build_counting(Settings.of(broker_url="redis://127.0.0.1:6379/0", count_queue="q1"), registry=registry)
     assert isinstance(celery, CeleryCounting) and celery.queue == "q1"
     assert celery.app.conf.broker_url == "redis://127.0.0.1:6379/0"
     assert celery.app.conf.result_backend == "redis://127.0.0.1:6379/0"
-    rabbit = counting_from_settings({"TRACKER_BROKER_URL": "amqp://guest:guest@127.0.0.1:5672//"}, registry=registry)
+    rabbit = build_counting(Settings.of(broker_url="amqp://guest:guest@127.0.0.1:5672//"), registry=registry)
     assert rabbit.app.conf.result_backend == "redis://127.0.0.1:6379/0"  # Redis results with a RabbitMQ broker
+    assert celery.owns_app and rabbit.owns_app  # made for the backend: closed with it
+    celery.close()
+    rabbit.close()
 
 
 def test_concurrent_in_process_counts_agree(backend):

@@ -1,7 +1,8 @@
 """Counting through real Celery workers (prefork pool) on the real Redis broker, and RabbitMQ if it is up.
 
-No mocks: each failure kind has a real cause (a counter from tracker.counting.testing named
-by the models file the worker reads, a queue nobody consumes, a worker killed with SIGKILL).
+No mocks: each failure kind has a real cause (a counter of tests.support.counters named by
+import path in the models file the worker reads, a queue nobody consumes, a worker killed with
+SIGKILL).
 """
 
 from __future__ import annotations
@@ -15,10 +16,12 @@ import uuid
 import pytest
 
 from tests.conftest import REDIS_URL
+from tests.support.counters import test_models
+from tracker.bench.procs import WorkerProcess, port_open
 from tracker.core.model import Basis
 from tracker.core.policy import Policy
 from tracker.counting import CanonicalRequest, CeleryCounting, InProcessCounting, ModelRegistry
-from tracker.counting.testing import test_models
+from tracker.counting.celery import make_celery_app
 from tracker.errors import (
     ContextLimitUnknown,
     CountTimeout,
@@ -26,7 +29,7 @@ from tracker.errors import (
     MalformedMeasurement,
     QualityMismatch,
 )
-from workers.app import WorkerProcess, make_app, port_open
+from tracker.settings import Settings
 
 pytestmark = [pytest.mark.celery, pytest.mark.redis]
 
@@ -50,11 +53,17 @@ REQUESTS = [
 BASIS = Basis(1, "m1")
 
 
+def make_app(*, broker: str, backend: str, queue: str):
+    """The caller's Celery app, configured as ``tracker.bootstrap`` configures it."""
+    counting = Settings.of(broker_url=broker, result_backend=backend, count_queue=queue).counting
+    return make_celery_app(counting, default_timeout_s=Policy().count_timeout_s)
+
+
 def caller_registry() -> ModelRegistry:
     models = test_models(sleep_s=5.0)
     # known to the caller, absent from the worker's models file
     models["models"]["only-in-caller"] = {"provider": "test", "window": 100_000, "counter": "heuristic"}
-    return ModelRegistry.load(models, settings={})
+    return ModelRegistry.load(models)
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +81,7 @@ def workers(models_file):
     doomed = WorkerProcess(broker=REDIS_URL, backend=REDIS_URL, queue=f"ct-doomed-{run}", env={"TRACKER_MODELS_FILE": models_file})
     main.start()
     doomed.start()  # both start in parallel
-    app = make_app({}, broker=REDIS_URL, backend=REDIS_URL, queue=main.queue)
+    app = make_app(broker=REDIS_URL, backend=REDIS_URL, queue=main.queue)
     try:
         main.wait_ready(app)
         doomed.wait_ready(app)
@@ -207,7 +216,7 @@ def test_concurrent_counts_through_celery(celery_backend, local_backend):
 def test_rabbitmq_broker_with_redis_results(models_file, local_backend):
     queue = f"ct-rabbit-{uuid.uuid4().hex[:10]}"
     worker = WorkerProcess(broker=RABBIT_URL, backend=REDIS_URL, queue=queue, env={"TRACKER_MODELS_FILE": models_file})
-    app = make_app({}, broker=RABBIT_URL, backend=REDIS_URL, queue=queue)
+    app = make_app(broker=RABBIT_URL, backend=REDIS_URL, queue=queue)
     worker.start()
     try:
         worker.wait_ready(app)
@@ -236,7 +245,7 @@ def test_rabbitmq_broker_with_redis_results(models_file, local_backend):
     ],
 )
 def test_unreachable_broker_or_result_backend_is_count_timeout(broker, backend):
-    app = make_app({}, broker=broker, backend=backend, queue="ct-unreachable")
+    app = make_app(broker=broker, backend=backend, queue="ct-unreachable")
     counting = CeleryCounting(app, caller_registry(), queue="ct-unreachable")
     try:
         for _ in range(2):
@@ -246,3 +255,26 @@ def test_unreachable_broker_or_result_backend_is_count_timeout(broker, backend):
             assert time.monotonic() - started < 0.5 + SLACK + EPS
     finally:
         app.close()
+
+
+@pytest.mark.parametrize(
+    "env,variable",
+    [
+        ({"TRACKER_COUNT_TIMEOUT_S": "abc"}, "TRACKER_COUNT_TIMEOUT_S"),  # once silently replaced by 2.0
+        ({"TRACKER_COUNT_TIMEOUT_S": "-1"}, "TRACKER_COUNT_TIMEOUT_S"),
+        ({"TRACKER_LOCK_TTL_S": "soon"}, "TRACKER_LOCK_TTL_S"),  # any invalid setting, not only counting's
+        ({"TRACKER_MODELS_FILE": "/nonexistent/models.json"}, "TRACKER_MODELS_FILE"),
+    ],
+)
+def test_worker_with_an_invalid_setting_exits_at_start_naming_it(env, variable):
+    worker = WorkerProcess(broker=REDIS_URL, backend=REDIS_URL, queue=f"ct-invalid-{uuid.uuid4().hex[:8]}", env=env)
+    worker.start()
+    try:
+        assert worker.proc is not None
+        code = worker.proc.wait(timeout=60)
+        output = worker.output()
+        assert code != 0, output
+        assert variable in output and "cannot start" in output, output
+        assert "Traceback" not in output, output  # one line naming the variable, not a stack
+    finally:
+        worker.stop()

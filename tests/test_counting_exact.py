@@ -18,14 +18,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.support.counters import SleepCounter, counter_path
+from tracker.bootstrap import build_registry
 from tracker.core.model import Basis
 from tracker.core.policy import Policy
 from tracker.counting import CanonicalRequest, ExactLocalCounter, HeuristicCounter, InProcessCounting, ModelRegistry
 from tracker.counting.counters import ENCODINGS, heuristic_text_tokens, load_encoding, load_rank_bytes
 from tracker.errors import ContextLimitUnknown, InvalidInput
+from tracker.settings import Settings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-REGISTRY = ModelRegistry.load(settings={})
+REGISTRY = ModelRegistry.load()
 O200K_MODEL = REGISTRY.get("gpt-4o")
 CL100K_MODEL = REGISTRY.get("gpt-4-turbo")
 
@@ -245,7 +248,7 @@ def test_exact_counter_works_with_no_network_and_empty_tiktoken_cache(tmp_path):
         socket.getaddrinfo = no_dns
 
         from tracker.counting import CanonicalRequest, ExactLocalCounter, ModelRegistry
-        reg = ModelRegistry.load(settings={})
+        reg = ModelRegistry.load()
         req = CanonicalRequest.from_dict(json.loads(sys.argv[1]))
         out = {m: ExactLocalCounter().count(req, reg.get(m)).input_tokens for m in ("gpt-4o", "gpt-4-turbo")}
         print(json.dumps({"counts": out, "attempts": attempts, "modules": "requests" in sys.modules}))
@@ -295,7 +298,7 @@ def realistic_corpus() -> list[dict]:
                 "system": rng.choice(docs),
                 "messages": [
                     {"role": "user", "content": src[start : start + rng.randint(200, 4000)]},
-                    {"role": "assistant", "content": rng.choice(docs)[:800], "tool_calls": [{"id": f"c{i}", "type": "function", "function": {"name": "query", "arguments": json.dumps({"q": "select * from t where id = %d" % i})}}]},
+                    {"role": "assistant", "content": rng.choice(docs)[:800], "tool_calls": [{"id": f"c{i}", "type": "function", "function": {"name": "query", "arguments": json.dumps({"q": f"select * from t where id = {i}"})}}]},
                     {"role": "tool", "tool_call_id": f"c{i}", "content": tool_json},
                     {"role": "user", "content": rng.choice([MULTILINGUAL, "attachment: " + blob, "hashes: " + hexes, PROSE[:2000]])},
                 ],
@@ -323,7 +326,7 @@ def test_heuristic_never_undercounts_realistic_requests():
 _WORDS = sorted({w for w in "".join(c if c.isalpha() else " " for c in PROSE + (inspect.getdoc(dict) or "")).split()})
 _NON_ASCII_WORDS = MULTILINGUAL.split()
 _PUNCT = ["(", ")", "{", "}", "[", "]", ";", ":", ",", ".", "==", "->", "=>", "!=", "&&", "||", "//", "#", '"', "'", "`", "**", "/*", "*/", "<", ">", "=", "+", "-", "_", "...", "?", "!", "@", "${", "</", "/>"]
-_JARGON = "kubectl nginx ctx argv kwargs mkdir chmod stdout stderr regex lru utf8 sha256 ffmpeg pytest numpy pydantic Kubernetes PostgreSQL sqlalchemy asyncio lxml xkcd OAuth2 gRPC protobuf kwarg tmpfs cgroups eBPF WebSocket nullptr std::vector i18n l10n a11y".split()
+_JARGON = ["kubectl", "nginx", "ctx", "argv", "kwargs", "mkdir", "chmod", "stdout", "stderr", "regex", "lru", "utf8", "sha256", "ffmpeg", "pytest", "numpy", "pydantic", "Kubernetes", "PostgreSQL", "sqlalchemy", "asyncio", "lxml", "xkcd", "OAuth2", "gRPC", "protobuf", "kwarg", "tmpfs", "cgroups", "eBPF", "WebSocket", "nullptr", "std::vector", "i18n", "l10n", "a11y"]
 _WS = [" ", " ", " ", "\n", "\n\n", "    ", "\t", "\r\n"]
 
 
@@ -480,7 +483,8 @@ def test_input_limit_fails_closed():
 
 
 def test_unknown_model_and_unknown_limit_fail_before_any_counting():
-    registry = ModelRegistry.load({"slow": {"provider": "test", "window": 200_000, "counter": "sleep", "options": {"sleep_s": 5}}}, settings={})
+    slow = {"provider": "test", "window": 200_000, "counter": counter_path(SleepCounter), "options": {"sleep_s": 5}}
+    registry = ModelRegistry.load({"slow": slow})
     backend = InProcessCounting(registry)
     for model, policy in (("no-such-model", Policy()), ("slow", Policy(reserved_output=200_000))):
         started = time.monotonic()
@@ -502,12 +506,12 @@ def test_models_file_overrides(tmp_path):
             }
         )
     )
-    registry = ModelRegistry.from_settings({"TRACKER_MODELS_FILE": str(path)})
+    registry = build_registry(Settings.of(models_file=str(path)))
     assert registry.input_limit("gpt-4o", Policy()) == 64_000 - 16_384 - 8_192
     assert registry.get("gpt-4o").encoding == "o200k_base"  # merged, not replaced
     assert "gemini-2.5-flash-lite" not in registry
     assert registry.input_limit("my-local-llm", Policy()) == 32_768 - 4_096 - 8_192
-    passed = ModelRegistry.load({"tiny": {"provider": "x", "window": 50_000, "counter": "heuristic"}}, settings={})
+    passed = ModelRegistry.load({"tiny": {"provider": "x", "window": 50_000, "counter": "heuristic"}})
     assert passed.input_limit("tiny", Policy()) == 50_000 - 16_384 - 8_192
 
 
@@ -520,11 +524,16 @@ def test_models_file_overrides(tmp_path):
         ({"provider": "x", "window": 10, "counter": "exact_local"}, "models.bad.encoding"),
         ({"provider": "x", "window": 10, "counter": "exact_local", "encoding": "p50k_base"}, "models.bad.encoding"),
         ({"provider": "x", "window": 10, "counter": "heuristic", "colour": "red"}, "models.bad.colour"),
+        # a counter named by import path must import, be a counter class and declare a known quality
+        ({"provider": "x", "window": 10, "counter": "tests.support.no_such_module:Counter"}, "models.bad.counter"),
+        ({"provider": "x", "window": 10, "counter": "tests.support.counters:NoSuchCounter"}, "models.bad.counter"),
+        ({"provider": "x", "window": 10, "counter": "tests.support.counters:test_models"}, "models.bad.counter"),
+        ({"provider": "x", "window": 10, "counter": "tests.support.counters:UnknownQualityCounter"}, "models.bad.counter"),
     ],
 )
 def test_bad_registry_entries_name_the_field(entry, field):
     with pytest.raises(InvalidInput) as info:
-        ModelRegistry.load({"bad": entry}, settings={})
+        ModelRegistry.load({"bad": entry})
     assert info.value.field == field
 
 
@@ -532,7 +541,7 @@ def test_unreadable_models_file_is_refused(tmp_path):
     bad = tmp_path / "m.json"
     bad.write_text("{nope")
     with pytest.raises(InvalidInput) as info:
-        ModelRegistry.from_settings({"TRACKER_MODELS_FILE": str(bad)})
+        build_registry(Settings.of(models_file=str(bad)))
     assert info.value.field == "TRACKER_MODELS_FILE"
     with pytest.raises(InvalidInput):
-        ModelRegistry.from_settings({"TRACKER_MODELS_FILE": str(tmp_path / "missing.json")})
+        build_registry(Settings.of(models_file=str(tmp_path / "missing.json")))

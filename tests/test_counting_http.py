@@ -1,17 +1,18 @@
-"""HTTP provider counters against a fake provider server on loopback (tests/fake_provider.py)."""
+"""HTTP provider counters against a fake provider server on loopback (tests/support/fake_provider.py)."""
 
 from __future__ import annotations
 
 import time
 
 import pytest
-from tests.fake_provider import ANTHROPIC_PATH, OPENAI_PATH, FakeProvider, expected_tokens
 
+from tests.support.fake_provider import ANTHROPIC_PATH, OPENAI_PATH, FakeProvider, expected_tokens
 from tracker.core.model import Basis
 from tracker.core.policy import Policy
 from tracker.counting import CanonicalRequest, InProcessCounting, ModelRegistry
 from tracker.counting.http import AnthropicHttpCounter, OpenAIHttpCounter
 from tracker.errors import CountTimeout, InvalidCountModel, MalformedMeasurement
+from tracker.settings import Settings
 
 REQUEST = {
     "system": "You are a careful coding agent.",
@@ -49,12 +50,12 @@ def fake():
 
 @pytest.fixture
 def registry(fake):
-    settings = {
-        "TRACKER_ANTHROPIC_BASE_URL": fake.url,
-        "TRACKER_ANTHROPIC_API_KEY": "sk-ant-test-key",
-        "TRACKER_OPENAI_BASE_URL": fake.url + "/",
-        "TRACKER_OPENAI_API_KEY": "sk-openai-test-key",
-    }
+    providers = Settings.of(
+        anthropic_base_url=fake.url,
+        anthropic_api_key="sk-ant-test-key",
+        openai_base_url=fake.url + "/",
+        openai_api_key="sk-openai-test-key",
+    ).providers
     overrides = {
         "models": {
             "claude-sonnet-4-5": {"counter": "anthropic_http"},
@@ -62,7 +63,7 @@ def registry(fake):
             "gpt-5": {"counter": "openai_http"},
         }
     }
-    return ModelRegistry.load(overrides, settings=settings)
+    return ModelRegistry.load(overrides, providers=providers)
 
 
 @pytest.fixture
@@ -209,7 +210,7 @@ def test_client_errors_are_invalid_count_model(fake, backend, mode, cause):
 def test_missing_api_key_fails_before_any_request(fake):
     fake.reset("ok")
     registry = ModelRegistry.load(
-        {"claude-sonnet-4-5": {"counter": "anthropic_http"}}, settings={"TRACKER_ANTHROPIC_BASE_URL": fake.url}
+        {"claude-sonnet-4-5": {"counter": "anthropic_http"}}, providers=Settings.of(anthropic_base_url=fake.url).providers
     )
     with pytest.raises(InvalidCountModel) as info:
         InProcessCounting(registry).measure(REQUEST, model="claude-sonnet-4-5", basis=BASIS, policy=policy())
@@ -251,9 +252,23 @@ def test_image_placeholder_cannot_be_sent_to_a_provider(fake, backend):
 
 
 def test_api_key_upgrades_shipped_anthropic_models_to_http(fake):
-    plain = ModelRegistry.load(settings={})
+    plain = ModelRegistry.load(providers=Settings.of().providers)
     assert plain.get("claude-opus-4-1").counter == "heuristic"
-    keyed = ModelRegistry.load(settings={"TRACKER_ANTHROPIC_API_KEY": "k", "TRACKER_ANTHROPIC_BASE_URL": fake.url})
+    keyed = ModelRegistry.load(providers=Settings.of(anthropic_api_key="k", anthropic_base_url=fake.url).providers)
     assert keyed.get("claude-opus-4-1").counter == "anthropic_http"
     assert keyed.get("gpt-4o").counter == "exact_local"  # OpenAI keeps the local exact counter
     assert keyed.get("gemini-2.5-pro").counter == "heuristic"
+
+
+def test_the_registry_never_reads_the_environment(fake, monkeypatch):
+    """Keys and base URLs come only from the ProviderSettings passed in, never from TRACKER_* directly."""
+    monkeypatch.setenv("TRACKER_ANTHROPIC_API_KEY", "from-the-env")
+    monkeypatch.setenv("TRACKER_ANTHROPIC_BASE_URL", fake.url)
+    registry = ModelRegistry.load()
+    assert registry.get("claude-opus-4-1").counter == "heuristic"
+    counter = ModelRegistry.load({"claude-opus-4-1": {"counter": "anthropic_http"}}).counter_for("claude-opus-4-1")
+    assert isinstance(counter, AnthropicHttpCounter)
+    assert counter.api_key is None and counter.base_url == "https://api.anthropic.com"
+    keyed = ModelRegistry.load(providers=Settings.load().providers)  # the one reader of TRACKER_*
+    assert keyed.get("claude-opus-4-1").counter == "anthropic_http"
+    assert keyed.counter_for("claude-opus-4-1").api_key == "from-the-env"  # type: ignore[attr-defined]

@@ -9,10 +9,11 @@ from tracker.store.migrate import upgrade
 NAMES = [f"agents-{i}" for i in range(40)]
 
 
-def _create(url: str, start: "mp.synchronize.Barrier") -> list[str]:
+def _create(url: str, start: mp.synchronize.Barrier) -> list[str]:
     from sqlalchemy import create_engine
 
-    from tracker.fleets import FleetExists, FleetStore
+    from tracker.errors import FleetExists
+    from tracker.store.fleets import FleetStore
 
     store = FleetStore(create_engine(url))
     start.wait(60)

@@ -18,20 +18,18 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import create_engine, inspect
 
 import tracker
-from tracker.errors import SchemaOutOfDate
-from tracker.store import NewEvent, open_store
-from tracker.store import migrate
-from tracker.store.migrate import normalize_url
-from tracker.store.schema import metadata
-
 from tests.conftest import _sqlalchemy_url, create_pg_database, drop_pg_database
+from tracker.errors import SchemaOutOfDate
+from tracker.settings import normalize_database_url
+from tracker.store import NewEvent, migrate, open_store
+from tracker.store.schema import metadata
 
 REVISIONS = migrate.revisions()
 EARLIER = ["base", *REVISIONS[:-1]]  # every starting point older than head
 
 
 def schema_diff(url: str) -> list:
-    engine = create_engine(normalize_url(url))
+    engine = create_engine(normalize_database_url(url))
     try:
         with engine.connect() as conn:
             ctx = MigrationContext.configure(conn, opts={"compare_type": True})
@@ -41,7 +39,7 @@ def schema_diff(url: str) -> list:
 
 
 def tables(url: str) -> set[str]:
-    engine = create_engine(normalize_url(url))
+    engine = create_engine(normalize_database_url(url))
     try:
         return set(inspect(engine).get_table_names())
     finally:
@@ -49,7 +47,7 @@ def tables(url: str) -> set[str]:
 
 
 def check_head(url: str) -> None:
-    engine = create_engine(normalize_url(url))
+    engine = create_engine(normalize_database_url(url))
     try:
         migrate.check_schema(engine)
     finally:
@@ -57,7 +55,7 @@ def check_head(url: str) -> None:
 
 
 def test_revision_history_is_linear_and_located_next_to_the_package():
-    assert migrate.ALEMBIC_DIR == Path(tracker.__file__).resolve().parents[1] / "alembic"
+    assert Path(tracker.__file__).resolve().parents[1] / "alembic" == migrate.ALEMBIC_DIR
     assert (migrate.ALEMBIC_DIR / "env.py").is_file()
     assert REVISIONS and REVISIONS[-1] == migrate.head_revision()
     assert len(set(REVISIONS)) == len(REVISIONS)

@@ -21,5 +21,10 @@ def test_wheel_ships_migrations_and_models(tmp_path):
     for name in migrations:
         assert f"tracker/alembic/versions/{name}" in names
     for name in ("tracker/alembic/env.py", "tracker/alembic/script.py.mako", "tracker/counting/models.json",
-                 "tracker/demo_models.json", "workers/tasks.py"):
+                 "tracker/demo/models.json", "workers/tasks.py"):
         assert name in names, name
+    # every module of the product ships: a subpackage missing from [tool.setuptools] packages would not
+    sources = sorted(p.relative_to(ROOT).as_posix() for base in ("tracker", "workers")
+                     for p in (ROOT / base).rglob("*.py") if "__pycache__" not in p.parts)
+    missing = [name for name in sources if name not in names]
+    assert not missing, f"not in the wheel (add the package to [tool.setuptools] packages): {missing}"

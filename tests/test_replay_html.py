@@ -39,7 +39,7 @@ pytestmark = [
 
 SID = "html-report-1"
 LIMIT = 100_000
-MARKER_COLOURS = {  # tracker/replay.py _COLOURS
+MARKER_COLOURS = {  # tracker/audit/report.py _COLOURS
     "committed": (0x2E, 0x7D, 0x32),
     "rejected": (0xC6, 0x28, 0x28),
     "count_failed": (0x6A, 0x1B, 0x9A),
@@ -54,14 +54,13 @@ def _m(basis: str, tokens: int) -> dict[str, Any]:
 
 
 def build_session(url: str) -> None:
-    from tracker.counting import counting_from_settings
     from tracker.errors import ContextLimitError, ContextLimitUnknown
     from tracker.service import Tracker
     from tracker.settings import Settings
     from tracker.store import upgrade
 
     upgrade(url)
-    with Tracker.from_settings(Settings(database_url=url), counting=counting_from_settings({})) as t:
+    with Tracker.from_settings(Settings.of(database_url=url)) as t:  # no broker: counts in-process
         assert t.observe(SID, measurement=_m("m1", 50_000)).action == "proceed"
         r = t.observe(SID, measurement=_m("m2", 85_000))
         assert r.action == "compact"
@@ -143,7 +142,7 @@ def read_png(path: Path) -> tuple[int, int, list[bytes], int]:
             for i in range(bpp, stride):
                 line[i] = (line[i] + line[i - bpp]) & 255
         elif f == 2:
-            line = bytearray((a + b) & 255 for a, b in zip(line, prev))
+            line = bytearray((a + b) & 255 for a, b in zip(line, prev, strict=True))
         elif f == 3:
             for i in range(stride):
                 line[i] = (line[i] + ((line[i - bpp] if i >= bpp else 0) + prev[i]) // 2) & 255

@@ -166,7 +166,7 @@ def test_race_with_redis_stopped(race_db, private_redis):
     assert total["compact"] == summary["automatic_attempts"] >= 3
 
 
-def _holder(db_url: str, session_id: str, ready: "mp.synchronize.Event") -> None:
+def _holder(db_url: str, session_id: str, ready: mp.synchronize.Event) -> None:
     from tracker.service import Tracker
 
     t = Tracker(open_store(db_url, projector=SessionProjector()), policy=Policy(attempt_lease_s=1.0))

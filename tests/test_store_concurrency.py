@@ -21,10 +21,10 @@ import traceback
 import pytest
 from sqlalchemy import create_engine, text
 
+from tracker.bench.store import CountingProjector
 from tracker.errors import ConcurrencyConflict
+from tracker.settings import normalize_database_url
 from tracker.store import NewEvent, open_store, upgrade, verify_projections
-from tracker.store.bench import CountingProjector
-from tracker.store.migrate import normalize_url
 
 WRITERS = 8
 APPENDS_PER_WRITER = 30
@@ -45,7 +45,7 @@ def _writer(url: str, wid: int) -> None:
         rng = random.Random(wid)
         store = open_store(url, projector=CountingProjector())
         # widen the window between "positions drawn" and COMMIT so commits reorder
-        store._before_commit = lambda sid, positions: time.sleep(rng.random() * 0.002) if rng.random() < 0.25 else None
+        store.before_commit = lambda sid, positions: time.sleep(rng.random() * 0.002) if rng.random() < 0.25 else None
         known: dict[str, int] = {}
         wins: list[tuple[str, int, int, tuple[int, ...]]] = []
         conflicts = 0
@@ -182,7 +182,7 @@ def _hold_before_commit(store):  # noqa: ANN001
         reached.set()
         release.wait(20)
 
-    store._before_commit = hook
+    store.before_commit = hook
     return reached, release, drawn
 
 
@@ -210,7 +210,7 @@ def test_tailer_does_not_skip_an_earlier_position_that_commits_later(pg_url):
 
         # The hazard is real: ordering by position alone would hand out p_fast now and
         # a tailer resuming after it would never see p_slow.
-        engine = create_engine(normalize_url(pg_url))
+        engine = create_engine(normalize_database_url(pg_url))
         with engine.connect() as conn:
             naive = [r[0] for r in conn.execute(text("SELECT position FROM events ORDER BY position"))]
         engine.dispose()

@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import json
 import random
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from sqlalchemy import create_engine, text
 
 from tracker.errors import ConcurrencyConflict, InvalidInput, InvalidSessionId, SchemaOutOfDate, StoreError
-from tracker.store import NewEvent, StoredEvent, open_store, upgrade, verify_projections
-from tracker.store import migrate
+from tracker.settings import normalize_database_url
+from tracker.store import NewEvent, StoredEvent, migrate, open_store, upgrade, verify_projections
 from tracker.store import sql as store_sql
-from tracker.store.migrate import normalize_url
 
 
 class ToyProjector:
@@ -65,7 +64,7 @@ def store(db_url):
 
 
 def count_rows(url: str, table: str) -> int:
-    engine = create_engine(normalize_url(url))
+    engine = create_engine(normalize_database_url(url))
     try:
         with engine.connect() as conn:
             return conn.execute(text(f"SELECT count(*) FROM {table}")).scalar_one()
@@ -74,7 +73,7 @@ def count_rows(url: str, table: str) -> int:
 
 
 def execute_sql(url: str, sql: str, **params: Any) -> None:
-    engine = create_engine(normalize_url(url))
+    engine = create_engine(normalize_database_url(url))
     try:
         with engine.begin() as conn:
             conn.execute(text(sql), params)
@@ -86,7 +85,7 @@ def execute_sql(url: str, sql: str, **params: Any) -> None:
 
 
 def test_append_then_read_stream(store):
-    before = datetime.now(timezone.utc) - timedelta(seconds=5)
+    before = datetime.now(UTC) - timedelta(seconds=5)
     r = store.append("s-1", 0, [ev("Started", n=1), ev("Tick", n=2, nested={"a": [1, 2, None], "u": "ünï"})])
     assert (r.session_id, r.first_version, r.last_version, r.replayed) == ("s-1", 1, 2, False)
     assert len(r.positions) == 2 and r.positions[0] < r.positions[1]
@@ -98,7 +97,7 @@ def test_append_then_read_stream(store):
     for e in events:
         assert e.session_id == "s-1"
         assert e.recorded_at.tzinfo is not None and e.recorded_at.utcoffset() == timedelta(0)
-        assert before <= e.recorded_at <= datetime.now(timezone.utc) + timedelta(seconds=5)
+        assert before <= e.recorded_at <= datetime.now(UTC) + timedelta(seconds=5)
         assert e.idempotency_key is None
     assert store.stream_version("s-1") == 2
     assert store.stream_version("nobody") == 0
@@ -310,7 +309,7 @@ def test_list_sessions_filters(store):
     assert {r["session_id"] for r in store.list_sessions(pressure="compact")} == {"busy-1", "busy-2"}
     assert [r["session_id"] for r in store.list_sessions(pressure="hard_limit")] == ["full"]
     assert store.list_sessions(pressure="nothing") == []
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     assert len(store.list_sessions(active_since=now - timedelta(minutes=5))) == 4
     assert store.list_sessions(active_since=now + timedelta(minutes=5)) == []
     assert len(store.list_sessions(pressure="compact", active_since=now - timedelta(minutes=5))) == 2

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from sqlalchemy import create_engine, text
 
+from tracker.bench.store import CountingProjector
 from tracker.errors import (
     ConcurrencyConflict,
     InvalidInput,
@@ -30,11 +31,9 @@ from tracker.errors import (
     SchemaOutOfDate,
     StoreUnavailable,
 )
+from tracker.settings import normalize_database_url
 from tracker.store import NewEvent, open_store, upgrade, verify_projections
-from tracker.store.bench import CountingProjector
-from tracker.store.migrate import normalize_url
 from tracker.store.schema import APPEND_LOCK_KEY
-
 
 # -- a private PostgreSQL cluster ------------------------------------------------------------------
 
@@ -125,7 +124,7 @@ def fault_url(cluster):
 
 
 def _scalar(url: str, sql: str) -> Any:
-    engine = create_engine(normalize_url(url))
+    engine = create_engine(normalize_database_url(url))
     try:
         with engine.connect() as conn:
             return conn.execute(text(sql)).scalar_one()
@@ -218,7 +217,7 @@ def test_restart_before_commit_leaves_nothing_half_written(cluster, fault_url):
             reached.set()
             release.wait(30)
 
-        store._before_commit = hook
+        store.before_commit = hook
 
         def run():
             try:
@@ -233,7 +232,7 @@ def test_restart_before_commit_leaves_nothing_half_written(cluster, fault_url):
         release.set()
         t.join(30)
         assert len(outcome) == 1 and isinstance(outcome[0], StoreUnavailable), outcome
-        store._before_commit = None
+        store.before_commit = None
         cluster.start()
         assert _counts(fault_url) == before
         assert store.stream_version("m") == 1

@@ -188,13 +188,13 @@ def test_audit_commands_stream_in_bounded_memory(sessions, record_property):
 
     seen = 0
     with _out(d, "history --json", sid).open(encoding="utf-8") as fh:
-        for seen, line in enumerate(fh, start=1):
+        for seen, line in enumerate(fh, start=1):  # noqa: B007 - `seen` is the count, read after the loop
             assert json.loads(line)["version"] == seen
     assert seen == n
 
     last = None
     with _out(d, "replay --json", sid).open(encoding="utf-8") as fh:
-        for seen, line in enumerate(fh, start=1):
+        for seen, line in enumerate(fh, start=1):  # noqa: B007 - `seen` is the count, read after the loop
             last = line
     assert seen == n
     last_step = json.loads(last)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
-from tracker.core.decide import Decision
+from tracker.core.decide import Decision, Result
 from tracker.core.loopguard import LoopGuardEntry, ReclaimPlan, plan_reclaim
 from tracker.core.model import Basis, Measurement, ModelRef
 from tracker.core.policy import Policy
@@ -55,7 +55,8 @@ from tracker.errors import (
 )
 
 if TYPE_CHECKING:  # pragma: no cover
-    from tracker.service import Result, Tracker
+    from tracker.client import AsyncTrackerClient, TrackerClient
+    from tracker.service import Tracker
     from tracker.settings import Settings
 
 try:
@@ -66,6 +67,8 @@ except PackageNotFoundError:  # pragma: no cover - running from a source tree th
 __all__ = [
     # the service and its settings
     "Tracker",
+    "TrackerClient",
+    "AsyncTrackerClient",
     "Settings",
     "Policy",
     # what its methods return
@@ -121,10 +124,14 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:  # lazy: `import tracker` never pulls in databases, Redis or HTTP
-    if name in ("Tracker", "Result"):
-        from tracker import service
+    if name == "Tracker":
+        from tracker.service import Tracker
 
-        return getattr(service, name)
+        return Tracker
+    if name in ("TrackerClient", "AsyncTrackerClient"):
+        from tracker import client
+
+        return getattr(client, name)
     if name == "Settings":
         from tracker.settings import Settings
 

@@ -22,14 +22,17 @@ import random
 import threading
 import time
 import uuid
-from contextlib import contextmanager
-from typing import Iterator, Protocol
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
+from typing import Protocol
+
+import redis
 
 log = logging.getLogger("tracker.coordination")
 
 
 class Coordinator(Protocol):
-    def session_lock(self, session_id: str) -> "contextmanager[bool]":  # type: ignore[valid-type]
+    def session_lock(self, session_id: str) -> AbstractContextManager[bool]:
         """Hold the session's lock; yields True when it is held, False when running uncoordinated."""
 
     def close(self) -> None: ...
@@ -73,8 +76,6 @@ return 0
 
 class RedisCoordinator:
     def __init__(self, url: str, *, ttl_s: float = 5.0, wait_s: float | None = None, prefix: str = "tracker:lock:") -> None:
-        import redis
-
         self._redis = redis.Redis.from_url(url, socket_timeout=0.5, socket_connect_timeout=0.5)
         self._ttl_ms = max(1, int(ttl_s * 1000))
         self._wait_s = ttl_s if wait_s is None else wait_s
@@ -89,8 +90,6 @@ class RedisCoordinator:
 
     @contextmanager
     def session_lock(self, session_id: str) -> Iterator[bool]:
-        import redis
-
         key = self._prefix + session_id
         token = uuid.uuid4().hex
         held = False
@@ -123,7 +122,7 @@ class RedisCoordinator:
     def close(self) -> None:
         try:
             self._redis.close()
-        except Exception:  # pragma: no cover - closing a dead connection
+        except (redis.RedisError, OSError):  # pragma: no cover - closing a dead connection
             pass
 
 

@@ -206,7 +206,37 @@ class StoreUnavailable(StoreError):
 
 
 class ConcurrencyConflict(StoreError):
+    """Another writer appended first: the stream is at ``actual``, not the ``expected`` version.
+
+    ``expected``/``actual`` are None when the service gave up after repeated conflicts.
+    """
+
     code = "concurrency_conflict"
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        session_id: str | None = None,
+        expected: int | None = None,
+        actual: int | None = None,
+        **details: Any,
+    ) -> None:
+        known = {"session_id": session_id, "expected": expected, "actual": actual}
+        super().__init__(message, **{k: v for k, v in known.items() if v is not None}, **details)
+
+    # Read from ``details``, so an error rebuilt from ``to_dict()`` data has them too.
+    @property
+    def session_id(self) -> str | None:
+        return self.details.get("session_id")
+
+    @property
+    def expected(self) -> int | None:
+        return self.details.get("expected")
+
+    @property
+    def actual(self) -> int | None:
+        return self.details.get("actual")
 
 
 class SchemaOutOfDate(StoreError):
@@ -259,3 +289,38 @@ class NotFound(HttpError):
 
 class MethodNotAllowed(HttpError):
     code = "method_not_allowed"
+
+
+# -- errors carried as data ------------------------------------------------------------------
+
+
+def _all_subclasses(cls: type[TrackerError]) -> list[type[TrackerError]]:
+    out = [cls]
+    for sub in cls.__subclasses__():
+        out.extend(_all_subclasses(sub))
+    return out
+
+
+def error_class(code: str) -> type[TrackerError]:
+    """The error class with this stable ``code`` (``TrackerError`` when none has it)."""
+    return next((c for c in _all_subclasses(TrackerError) if c.code == code), TrackerError)
+
+
+def error_from_dict(data: dict[str, Any]) -> TrackerError:
+    """Rebuild a typed error that travelled as data (``to_dict()``: an HTTP body, a Celery result).
+
+    The class is chosen by ``code`` (else by the class name in ``error``); message and details
+    are kept as they were, ``field`` included, without running the class's own constructor.
+    """
+    cls = error_class(str(data.get("code", "")))
+    if cls is TrackerError and data.get("error"):
+        cls = next((c for c in _all_subclasses(TrackerError) if c.__name__ == data["error"]), TrackerError)
+    details = {k: v for k, v in data.items() if k not in {"code", "error", "message"}}
+    exc = cls.__new__(cls)
+    TrackerError.__init__(exc, str(data.get("message", "")), **details)
+    if "field" in details:
+        exc.field = details["field"]  # type: ignore[attr-defined]
+        message = str(data.get("message", ""))
+        prefix = f"{details['field']}: "
+        exc.problem = message[len(prefix):] if message.startswith(prefix) else message  # type: ignore[attr-defined]
+    return exc

@@ -13,13 +13,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 import random
-import threading
 import time
 import uuid
-from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
-from tracker.coordination import Coordinator, coordinator_from_url
+from tracker._lru import LRU
+from tracker.bootstrap import build_components
+from tracker.coordination import Coordinator, LocalCoordinator
 from tracker.core import (
     Attempt,
     Basis,
@@ -27,7 +28,6 @@ from tracker.core import (
     Measurement,
     Outcome,
     Policy,
-    SessionProjector,
     SessionState,
     check_session_id,
     decide_commit,
@@ -38,34 +38,30 @@ from tracker.core import (
     event_from_data,
     expire_leases,
 )
-from tracker.core.decide import _outcome
-from tracker.errors import ConcurrencyConflict, CountError, InvalidInput, ManualAttemptOpen, TrackerError, WaitTimeout
-from tracker.bootstrap import build_components
+from tracker.core.decide import Result
+from tracker.core.decide import outcome as outcome_of
+from tracker.core.events import ContextMeasured
+from tracker.core.recorded import recorded_outcome, succeeded
+from tracker.core.state import fold
+from tracker.core.thresholds import resolve_threshold
+from tracker.counting.request import CanonicalRequest
+from tracker.errors import (
+    ConcurrencyConflict,
+    CountError,
+    IntegrityError,
+    InvalidInput,
+    ManualAttemptOpen,
+    TrackerError,
+    UnknownAttempt,
+    WaitTimeout,
+)
 from tracker.settings import Settings
+from tracker.store.base import EventStore, NewEvent
 
 log = logging.getLogger("tracker.service")
 
 CONFLICT_RETRY_S = 30.0
-
-
-@dataclass(frozen=True)
-class Result:
-    """What ``observe`` returns: the decision, and for ``compact`` the attempt opened for this caller."""
-
-    session_id: str
-    version: int
-    decision: Decision
-
-    @property
-    def action(self) -> str:
-        return self.decision.action
-
-    @property
-    def attempt(self) -> Attempt | None:
-        return self.decision.attempt
-
-    def to_data(self) -> dict[str, Any]:
-        return {"session_id": self.session_id, "version": self.version, **self.decision.to_data()}
+STATE_CACHE_SIZE = 10_000  # sessions whose last recorded state this process keeps
 
 
 class Tracker:
@@ -73,7 +69,7 @@ class Tracker:
 
     def __init__(
         self,
-        store: Any,
+        store: EventStore,
         *,
         policy: Policy | None = None,
         counting: Any = None,
@@ -84,13 +80,13 @@ class Tracker:
         self.store = store
         self.policy = policy or Policy()
         self.counting = counting
-        self.coordinator = coordinator or coordinator_from_url(None)
+        self.coordinator = coordinator or LocalCoordinator()
         self.clock = clock
         self.new_id = new_id
-        self._states = _StateCache()
+        self._states: LRU[str, SessionState] = LRU(STATE_CACHE_SIZE)
 
     @classmethod
-    def from_settings(cls, settings: Settings | None = None, **overrides: Any) -> "Tracker":
+    def from_settings(cls, settings: Settings | None = None, **overrides: Any) -> Tracker:
         """A Tracker wired by the composition root from ``settings`` (default: ``Settings.load()``).
 
         ``counting=``, ``coordinator=`` and ``policy=`` replace one part; ``clock=`` and
@@ -107,7 +103,7 @@ class Tracker:
         if close:
             close()
 
-    def __enter__(self) -> "Tracker":
+    def __enter__(self) -> Tracker:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -119,7 +115,10 @@ class Tracker:
         if data is None:
             return SessionState(session_id=session_id)
         state = SessionState.from_data(data)
-        assert state.version == version, "projection version differs from the stream"
+        if state.version != version:
+            raise IntegrityError(
+                f"session {session_id}: projection is at version {state.version} but the stream at {version}; "
+                "run `tracker verify`", session_id=session_id)
         return state
 
     def state(self, session_id: str) -> SessionState:
@@ -139,7 +138,7 @@ class Tracker:
         """
         if idempotency_key is not None:
             # A retried call (commit, reject, manual, observe) gets its original answer, not a new decision.
-            replay = self._replay_if_seen(session_id, idempotency_key, op, decide)
+            replay = self._recorded_answer(session_id, idempotency_key, op, decide)
             if replay is not None:
                 return replay
         deadline = time.monotonic() + CONFLICT_RETRY_S
@@ -181,7 +180,7 @@ class Tracker:
             if result is not None:
                 if result.replayed:
                     self._states.pop(session_id)
-                    return self._replayed(session_id, result, op, decide), result.last_version
+                    return self._answer_from(session_id, result, op, decide), result.last_version
                 return outcome, result.last_version
             if not fresh:  # a stale cached state: re-decide at once on the record
                 fresh = True
@@ -195,25 +194,23 @@ class Tracker:
                 )
             time.sleep(random.uniform(0, min(0.1, 0.002 * 2 ** min(attempt, 10))))
 
-    def _replay_if_seen(
+    def _recorded_answer(
         self, session_id: str, idempotency_key: str, op: str, decide: Callable[[SessionState], Outcome] | None
     ) -> tuple[Outcome, int] | None:
         earlier = self.store.find_idempotent(session_id, idempotency_key)
         if earlier is None:
             return None
-        return self._replayed(session_id, earlier, op, decide), earlier.last_version
+        return self._answer_from(session_id, earlier, op, decide), earlier.last_version
 
-    def _replayed(self, session_id: str, result: Any, op: str,
+    def _answer_from(self, session_id: str, result: Any, op: str,
                   decide: Callable[[SessionState], Outcome] | None) -> Outcome:
         """An idempotent retry: the original outcome, rebuilt from the events it recorded."""
-        from tracker.core import fold
-
         before = fold((event_from_data(e.type, e.data)
                        for e in self.store.read_stream(session_id, 1, result.first_version - 1)), session_id)
         events = [event_from_data(e.type, e.data)
                   for e in self.store.read_stream(session_id, result.first_version, result.last_version)]
-        out = replay_outcome(before, events, op)
-        if out.error is None and not _succeeded(op, events) and decide is not None:
+        out = recorded_outcome(before, events, op)
+        if out.error is None and not succeeded(op, events) and decide is not None:
             # The original call was refused after recording only side effects (an expired lease):
             # its refusal is a pure function of the state it left, so decide it again, recording nothing.
             try:
@@ -247,19 +244,16 @@ class Tracker:
         if idempotency_key is not None and (not isinstance(idempotency_key, str) or not 0 < len(idempotency_key) <= 200):
             raise InvalidInput("idempotency_key", "must be a string of 1-200 characters")
         # validate the per-request threshold before counting (bad input writes nothing)
-        from tracker.core.thresholds import resolve_threshold
-
         resolve_threshold(self.policy.compact_at_bp, self.policy.rearm_below_bp, compaction_threshold, scope, scope_confidence)
 
         if idempotency_key is not None:  # a retry: the original answer, before any (re)counting
-            replay = self._replay_if_seen(session_id, idempotency_key, "observe", None)
+            replay = self._recorded_answer(session_id, idempotency_key, "observe", None)
             if replay is not None:
                 outcome, version = replay
                 _same_request(outcome, measurement, request)
                 if outcome.error is not None:
                     raise outcome.error
-                assert outcome.decision is not None
-                return Result(session_id=session_id, version=version, decision=outcome.decision)
+                return Result(session_id=session_id, version=version, decision=_decision(outcome, session_id))
         # A bare basis ("msg-41") means "at the session's current revision": it is resolved
         # inside the decision, against the state being decided on (validated here first).
         if measurement is not None:
@@ -281,12 +275,12 @@ class Tracker:
                 m = self.counting.measure(request, model=model, basis=b, policy=policy)
             except CountError as exc:
                 duration_ms = int((time.monotonic() - started) * 1000)
-                self._record(
-                    session_id,
-                    lambda st, err=exc: decide_count_failed(st, self.policy, err, model=model, duration_ms=duration_ms,
-                                                   now=self.clock(), basis=Basis.parse(raw_basis, st.revision)),
-                    idempotency_key,
-                )
+
+                def failed(st: SessionState, err: CountError = exc, model: str = model) -> Outcome:
+                    return decide_count_failed(st, self.policy, err, model=model, duration_ms=duration_ms,
+                                               now=self.clock(), basis=Basis.parse(raw_basis, st.revision))
+
+                self._record(session_id, failed, idempotency_key)
                 raise
         attempt_id = self.new_id()
         outcome, version = self._record(
@@ -300,8 +294,7 @@ class Tracker:
         )
         if outcome.error is not None:
             raise outcome.error
-        assert outcome.decision is not None
-        return Result(session_id=session_id, version=version, decision=outcome.decision)
+        return Result(session_id=session_id, version=version, decision=_decision(outcome, session_id))
 
     # -- attempts --------------------------------------------------------------------------
     def request_compaction(
@@ -355,7 +348,7 @@ class Tracker:
     def expire(self, session_id: str) -> SessionState:
         """Record ``lease_expired`` for attempts past their lease (any decision does this too)."""
         check_session_id(session_id)
-        outcome, _ = self._record(session_id, lambda st: _outcome(st, expire_leases(st, self.clock())))
+        outcome, _ = self._record(session_id, lambda st: outcome_of(st, expire_leases(st, self.clock())))
         return outcome.state
 
     def wait(self, session_id: str, attempt_id: str, timeout: float = 30.0, poll_s: float = 0.05) -> str:
@@ -372,8 +365,6 @@ class Tracker:
             state = self._load(session_id)
             outcome = state.outcome_of(attempt_id)
             if outcome is None:
-                from tracker.errors import UnknownAttempt
-
                 raise UnknownAttempt(f"no attempt {attempt_id} in session {session_id}", attempt_id=attempt_id)
             if outcome != "open":
                 return outcome
@@ -386,39 +377,8 @@ class Tracker:
             time.sleep(poll_s)
 
 
-class _StateCache:
-    """The last state this process recorded per session (bounded LRU, thread-safe)."""
-
-    def __init__(self, size: int = 10_000) -> None:
-        from collections import OrderedDict
-
-        self._data: "OrderedDict[str, SessionState]" = OrderedDict()
-        self._lock = threading.Lock()
-        self._size = size
-
-    def get(self, session_id: str) -> SessionState | None:
-        with self._lock:
-            state = self._data.get(session_id)
-            if state is not None:
-                self._data.move_to_end(session_id)
-            return state
-
-    def put(self, session_id: str, state: SessionState) -> None:
-        with self._lock:
-            self._data[session_id] = state
-            self._data.move_to_end(session_id)
-            while len(self._data) > self._size:
-                self._data.popitem(last=False)
-
-    def pop(self, session_id: str) -> None:
-        with self._lock:
-            self._data.pop(session_id, None)
-
-
 def _same_request(outcome: Outcome, measurement: Any, request: Any) -> None:
     """A key reused for a different measurement or request is refused, not answered with the old result."""
-    from tracker.core.events import ContextMeasured
-
     recorded = next((e.measurement for e in outcome.events if isinstance(e, ContextMeasured)), None)
     if recorded is None:
         return  # a refused or failed count: nothing to compare with
@@ -427,8 +387,6 @@ def _same_request(outcome: Outcome, measurement: Any, request: Any) -> None:
         same = (m.input_tokens, m.input_limit, m.fingerprint) == (
             recorded["input_tokens"], recorded["input_limit"], recorded["fingerprint"])
     else:
-        from tracker.counting.request import CanonicalRequest
-
         same = CanonicalRequest.from_dict(request).fingerprint == recorded["fingerprint"]
     if not same:
         raise InvalidInput("idempotency_key", "was already used for a different measurement of this session")
@@ -440,81 +398,11 @@ def _at_revision(m: Measurement, raw_basis: Any, revision: int) -> Measurement:
     return m if b == m.basis else dataclasses.replace(m, basis=b)
 
 
-def _new_event(e: Any) -> Any:
-    from tracker.store import NewEvent
-
+def _new_event(e: Any) -> NewEvent:
     return NewEvent(type=e.TYPE, data=e.to_data())
 
 
-OP_EVENTS = {  # which recorded events a call of each kind can leave behind
-    "observe": {"ContextMeasured", "CountFailed", "MeasurementRefused"},
-    "manual": {"CompactionStarted"},
-    "commit": {"CompactionCommitted", "CompactionRejected"},
-    "reject": {"CompactionRejected"},
-}
-
-
-def _succeeded(op: str, events: list[Any]) -> bool:
-    from tracker.core.events import CompactionCommitted, CompactionRejected, CompactionStarted, ContextMeasured
-
-    if op == "observe":
-        return any(isinstance(e, ContextMeasured) for e in events)
-    if op == "manual":
-        return any(isinstance(e, CompactionStarted) and e.reason == "manual" for e in events)
-    if op == "commit":
-        return any(isinstance(e, CompactionCommitted) for e in events)
-    if op == "reject":
-        return any(isinstance(e, CompactionRejected) and e.reject_reason not in ("lease_expired", "superseded")
-                   for e in events)
-    return True
-
-
-def replay_outcome(before: SessionState, events: list[Any], op: str = "observe") -> Outcome:
-    """The outcome a list of recorded events stands for (for idempotent retries), errors included."""
-    from tracker.core.events import (
-        CompactionRejected,
-        CompactionStarted,
-        ContextLimitReached,
-        ContextMeasured,
-        CountFailed,
-        MeasurementRefused,
-    )
-    from tracker.errors import ContextLimitError, StaleBasis, SummaryTooLarge, count_error_from_dict
-
-    kinds = {e.TYPE for e in events} - {"SessionStarted"}
-    lease_only = op != "observe" and all(
-        isinstance(e, CompactionRejected) and e.reject_reason == "lease_expired" for e in events
-        if e.TYPE != "SessionStarted")
-    if not lease_only and not (kinds & OP_EVENTS.get(op, kinds)):
-        raise InvalidInput("idempotency_key", f"was used for a different kind of call than {op}")
-    out = _outcome(before, events)
-    decision = None
-    attempt = None
-    error: Any = None
-    for e in events:
-        if isinstance(e, CompactionStarted):
-            attempt = Attempt.from_started(e)
-        elif isinstance(e, ContextMeasured):
-            m = e.measurement
-            waiting = before.open_automatic if e.action == "wait" else None
-            decision = Decision(
-                action=e.action, pressure=e.pressure, pressure_before=e.pressure_before, occupancy_bp=e.occupancy_bp,
-                threshold_bp=e.threshold_bp, threshold_source=e.threshold_source, compact_level=e.compact_level,
-                rearm_level=e.rearm_level, hard_level=e.hard_level, growth_fired=e.growth_fired, trigger=e.trigger,
-                basis=m["basis"], revision=int(m["basis"][1:].split(":", 1)[0]), attempt=None, waiting_on=waiting,
-            )
-        elif isinstance(e, ContextLimitReached):
-            error = ContextLimitError(
-                f"{e.input_tokens} tokens reach the input limit {e.input_limit} and no automatic compaction is "
-                f"eligible for basis {e.basis}", basis=e.basis, input_tokens=e.input_tokens, input_limit=e.input_limit)
-        elif isinstance(e, MeasurementRefused):
-            error = StaleBasis(f"basis {e.basis} is older than the session's revision r{e.current_revision}",
-                               basis=e.basis, current_revision=e.current_revision)
-        elif isinstance(e, CountFailed):
-            error = count_error_from_dict({"kind": e.kind, "message": e.detail, "model": e.model})
-        elif isinstance(e, CompactionRejected) and e.reject_reason == "summary_too_large" and op == "commit":
-            error = SummaryTooLarge(f"attempt {e.attempt_id}: tokens_after >= input_limit; recorded as a rejection",
-                                    attempt_id=e.attempt_id)
-    if decision is not None and decision.action == "compact":
-        decision = dataclasses.replace(decision, attempt=attempt)
-    return Outcome(events=out.events, state=out.state, decision=decision, attempt=attempt, error=error)
+def _decision(outcome: Outcome, session_id: str) -> Decision:
+    if outcome.decision is None:  # an observe that recorded neither a decision nor a refusal
+        raise IntegrityError(f"session {session_id}: recorded observe has no decision", session_id=session_id)
+    return outcome.decision

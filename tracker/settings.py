@@ -36,7 +36,7 @@ from tracker.errors import InvalidPolicy, InvalidSetting
 ENV_PREFIX = "TRACKER_"
 DEFAULT_DATABASE_URL = "sqlite:///.tracker/tracker.db"
 
-# The environment a load reads: os.environ unless Settings.load(env) was given a mapping.
+# The environment a load reads (set only inside Settings.load): os.environ unless given a mapping.
 _ENV: contextvars.ContextVar[Mapping[str, str] | None] = contextvars.ContextVar("tracker_settings_env", default=None)
 
 
@@ -45,7 +45,8 @@ class _MappingEnvSource(EnvSettingsSource):
 
     def _load_env_vars(self) -> Mapping[str, str | None]:
         env = _ENV.get()
-        env = os.environ if env is None else env
+        if env is None:  # a section built outside Settings.load(): defaults and keywords only
+            return {}
         return {(k if self.case_sensitive else k.lower()): v for k, v in env.items()
                 if k[:len(ENV_PREFIX)].upper() == ENV_PREFIX and not (self.env_ignore_empty and v == "")}
 
@@ -173,7 +174,7 @@ class Settings(BaseModel):
     @classmethod
     def load(cls, env: Mapping[str, str] | None = None) -> Settings:
         """Read every section from ``env`` (default ``os.environ``); raise ``InvalidSetting`` naming the variable."""
-        token = _ENV.set(env)
+        token = _ENV.set(os.environ if env is None else env)
         try:
             sections: dict[str, Any] = {}
             for name, section in cls.SECTIONS.items():

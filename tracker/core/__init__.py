@@ -4,31 +4,42 @@ Live decisions, replay and what-if all run this same code.
 """
 
 from tracker.core.decide import (
-    ACTIONS,
-    PRESSURES,
     Decision,
     Outcome,
+    Result,
     decide_commit,
     decide_count_failed,
     decide_manual,
     decide_measure,
     decide_reject,
     expire_leases,
+    outcome,
 )
 from tracker.core.events import EVENT_TYPES, DomainEvent, event_from_data
+from tracker.core.loopguard import LoopGuardEntry, ReclaimPlan, plan_reclaim
 from tracker.core.model import (
+    ACTIONS,
+    EXACT_QUALITIES,
     FULL_SCALE_BP,
     HISTORY_SAFETY_FACTOR,
     MIN_SCOPE_CONFIDENCE,
+    PRESSURES,
+    QUALITIES,
     WINDOW_CEILING,
+    Action,
     Basis,
     Measurement,
     ModelRef,
+    Pressure,
+    Quality,
+    Reason,
+    Trigger,
     check_session_id,
     occupancy_bp,
     resolve_input_limit,
 )
-from tracker.core.policy import Policy
+from tracker.core.policy import POLICY_DOCS, Policy
+from tracker.core.recorded import recorded_outcome
 from tracker.core.state import Attempt, SessionProjector, SessionState, apply, fold
 from tracker.core.thresholds import (
     SCOPE_THRESHOLDS_BP,
@@ -41,4 +52,22 @@ from tracker.core.thresholds import (
     usage_fraction,
 )
 
-__all__ = [name for name in dir() if not name.startswith("_")]
+__all__ = [
+    # constants and vocabularies
+    "FULL_SCALE_BP", "WINDOW_CEILING", "HISTORY_SAFETY_FACTOR", "MIN_SCOPE_CONFIDENCE",
+    "QUALITIES", "EXACT_QUALITIES", "PRESSURES", "ACTIONS",
+    "Quality", "Pressure", "Action", "Trigger", "Reason",
+    # values
+    "Basis", "Measurement", "ModelRef", "check_session_id", "occupancy_bp", "resolve_input_limit",
+    "Policy", "POLICY_DOCS",
+    # thresholds (SPEC §4)
+    "SCOPE_THRESHOLDS_BP", "Levels", "Threshold", "growth_fired", "history_budget", "levels",
+    "resolve_threshold", "usage_fraction",
+    # events and state
+    "EVENT_TYPES", "DomainEvent", "event_from_data", "Attempt", "SessionProjector", "SessionState", "apply", "fold",
+    # decisions
+    "Decision", "Result", "Outcome", "outcome", "decide_commit", "decide_count_failed", "decide_manual", "decide_measure",
+    "decide_reject", "expire_leases", "recorded_outcome",
+    # the loop guard (SPEC §9)
+    "LoopGuardEntry", "ReclaimPlan", "plan_reclaim",
+]

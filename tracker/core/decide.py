@@ -9,7 +9,7 @@ refusal is on the record before the caller hears about it).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from tracker.core.events import (
@@ -23,7 +23,7 @@ from tracker.core.events import (
     MeasurementRefused,
     SessionStarted,
 )
-from tracker.core.model import Basis, Measurement, is_int, occupancy_bp
+from tracker.core.model import Action, Basis, Measurement, Pressure, Trigger, is_int, occupancy_bp
 from tracker.core.policy import Policy
 from tracker.core.state import Attempt, SessionState, apply, episode_after
 from tracker.core.thresholds import Levels, growth_fired, history_budget, levels, resolve_threshold
@@ -41,15 +41,12 @@ from tracker.errors import (
     UnknownAttempt,
 )
 
-PRESSURES = ("normal", "compact", "hard_limit")
-ACTIONS = ("proceed", "compact", "wait", "context_limit")
-
 
 @dataclass(frozen=True)
 class Decision:
-    action: str
-    pressure: str
-    pressure_before: str
+    action: Action
+    pressure: Pressure
+    pressure_before: Pressure
     occupancy_bp: int
     threshold_bp: int
     threshold_source: str
@@ -57,17 +54,57 @@ class Decision:
     rearm_level: int
     hard_level: int
     growth_fired: bool
-    trigger: str | None
+    trigger: Trigger | None
     basis: str
     revision: int
     attempt: Attempt | None = None  # the attempt opened for this caller (action == compact)
     waiting_on: Attempt | None = None  # the open automatic attempt (action == wait)
+
+    @classmethod
+    def from_event(cls, e: ContextMeasured, waiting_on: Attempt | None = None, attempt: Attempt | None = None) -> Decision:
+        """The decision a recorded ``ContextMeasured`` stands for."""
+        basis = Basis.parse(e.measurement["basis"], 1)
+        return cls(
+            action=e.action, pressure=e.pressure, pressure_before=e.pressure_before, occupancy_bp=e.occupancy_bp,
+            threshold_bp=e.threshold_bp, threshold_source=e.threshold_source, compact_level=e.compact_level,
+            rearm_level=e.rearm_level, hard_level=e.hard_level, growth_fired=e.growth_fired, trigger=e.trigger,
+            basis=str(basis), revision=basis.revision, attempt=attempt, waiting_on=waiting_on,
+        )
+
+    @classmethod
+    def from_data(cls, data: dict[str, Any]) -> Decision:
+        """The inverse of ``to_data`` (extra keys, e.g. an HTTP answer's ``session_id``, are ignored)."""
+        names = {f.name for f in fields(cls)}
+        values = {k: v for k, v in data.items() if k in names}
+        for key in ("attempt", "waiting_on"):
+            values[key] = Attempt(**values[key]) if values.get(key) else None
+        return cls(**values)
 
     def to_data(self) -> dict[str, Any]:
         d = dict(self.__dict__)
         d["attempt"] = self.attempt.to_data() if self.attempt else None
         d["waiting_on"] = self.waiting_on.to_data() if self.waiting_on else None
         return d
+
+
+@dataclass(frozen=True)
+class Result:
+    """What ``observe`` returns: the decision, and for ``compact`` the attempt opened for this caller."""
+
+    session_id: str
+    version: int
+    decision: Decision
+
+    @property
+    def action(self) -> str:
+        return self.decision.action
+
+    @property
+    def attempt(self) -> Attempt | None:
+        return self.decision.attempt
+
+    def to_data(self) -> dict[str, Any]:
+        return {"session_id": self.session_id, "version": self.version, **self.decision.to_data()}
 
 
 @dataclass(frozen=True)
@@ -79,11 +116,36 @@ class Outcome:
     error: TrackerError | None = None  # raise after recording the events
 
 
-def _outcome(state: SessionState, events: list[DomainEvent], **kw: Any) -> Outcome:
+def outcome(state: SessionState, events: list[DomainEvent], **kw: Any) -> Outcome:
+    """The ``Outcome`` of recording ``events`` on ``state`` (the new state is folded with ``apply``)."""
     s = state
     for e in events:
         s = apply(s, e)
     return Outcome(events=tuple(events), state=s, **kw)
+
+
+# -- the refusals a decision can record (one constructor each; `recorded.py` rebuilds them too) --
+
+
+def context_limit_error(basis: str, input_tokens: int, input_limit: int) -> ContextLimitError:
+    return ContextLimitError(
+        f"{input_tokens} tokens reach the input limit {input_limit} and no automatic compaction is eligible "
+        f"for basis {basis}", basis=basis, input_tokens=input_tokens, input_limit=input_limit,
+    )
+
+
+def stale_basis_error(basis: str, current_revision: int) -> StaleBasis:
+    return StaleBasis(f"basis {basis} is older than the session's revision r{current_revision}",
+                      basis=basis, current_revision=current_revision)
+
+
+def summary_too_large_error(attempt_id: str, tokens_after: int | None = None,
+                            input_limit: int | None = None) -> SummaryTooLarge:
+    if tokens_after is None:
+        return SummaryTooLarge(f"attempt {attempt_id}: tokens_after >= input_limit; recorded as a rejection",
+                               attempt_id=attempt_id)
+    return SummaryTooLarge(f"tokens_after {tokens_after} >= input_limit {input_limit}; recorded as a rejection",
+                           attempt_id=attempt_id, tokens_after=tokens_after, input_limit=input_limit)
 
 
 def _begin(state: SessionState, policy: Policy, now: float) -> tuple[SessionState, list[DomainEvent], Policy]:
@@ -97,8 +159,8 @@ def _begin(state: SessionState, policy: Policy, now: float) -> tuple[SessionStat
     lease_events = expire_leases(s, now)
     for e in lease_events:
         s = apply(s, e)
-    assert s.policy is not None
-    return s, events + lease_events, s.policy
+    policy = s.policy if s.policy is not None else policy  # a started session always has its policy
+    return s, events + lease_events, policy
 
 
 def expire_leases(state: SessionState, now: float) -> list[DomainEvent]:
@@ -117,7 +179,7 @@ def _ms(seconds: float) -> int:
     return max(0, int(round(seconds * 1000)))
 
 
-def _pressure(policy: Policy, before: str, used: int, lv: Levels) -> str:
+def _pressure(policy: Policy, before: Pressure, used: int, lv: Levels) -> Pressure:
     """SPEC §5, rules in order."""
     if used >= lv.hard:
         return "hard_limit"
@@ -159,10 +221,7 @@ def decide_measure(
 
     if basis.revision < s.revision:
         events.append(MeasurementRefused(kind="stale_basis", basis=str(basis), current_revision=s.revision, at=now))
-        return _outcome(state, events, error=StaleBasis(
-            f"basis {basis} is older than the session's revision r{s.revision}",
-            basis=str(basis), current_revision=s.revision,
-        ))
+        return outcome(state, events, error=stale_basis_error(str(basis), s.revision))
     if not policy.allows_quality(measurement.quality):
         err = QualityMismatch(
             f"quality {measurement.quality} is not allowed by counter_policy {policy.counter_policy}",
@@ -170,7 +229,7 @@ def decide_measure(
         )
         events.append(CountFailed(kind=err.kind, model=measurement.model.name, detail=err.message, duration_ms=0,
                                   basis=str(basis), at=now))
-        return _outcome(state, events, error=err)
+        return outcome(state, events, error=err)
 
     used, L = measurement.input_tokens, measurement.input_limit
     lv = levels(threshold, L)
@@ -189,10 +248,11 @@ def decide_measure(
         and open_auto is None
         and episode < policy.max_automatic_per_episode
     )
-    trigger: str | None = None
+    trigger: Trigger | None = None
+    action: Action
     if eligible:
         action = "compact"
-        trigger = {"hard_limit": "hard_limit", "compact": "threshold"}.get(pressure, "growth")
+        trigger = "hard_limit" if pressure == "hard_limit" else "threshold" if pressure == "compact" else "growth"
     elif pressure == "hard_limit" and open_auto is not None:
         action = "wait"
     elif pressure == "hard_limit":
@@ -219,17 +279,14 @@ def decide_measure(
         opened = Attempt.from_started(started)
     elif action == "context_limit":
         events.append(ContextLimitReached(basis=str(basis), input_tokens=used, input_limit=L, at=now))
-        error = ContextLimitError(
-            f"{used} tokens reach the input limit {L} and no automatic compaction is eligible for basis {basis}",
-            basis=str(basis), input_tokens=used, input_limit=L,
-        )
+        error = context_limit_error(str(basis), used, L)
     decision = Decision(
         action=action, pressure=pressure, pressure_before=before, occupancy_bp=occ, threshold_bp=threshold.bp,
         threshold_source=threshold.source, compact_level=lv.compact, rearm_level=lv.rearm, hard_level=lv.hard,
         growth_fired=grew, trigger=trigger, basis=str(basis), revision=basis.revision, attempt=opened,
         waiting_on=open_auto if action == "wait" else None,
     )
-    return _outcome(state, events, decision=decision, error=error)
+    return outcome(state, events, decision=decision, error=error)
 
 
 def decide_count_failed(
@@ -246,7 +303,7 @@ def decide_count_failed(
     s, events, _ = _begin(state, default_policy, now)
     events.append(CountFailed(kind=error.kind, model=model, detail=error.message, duration_ms=max(0, int(duration_ms)),
                               basis=str(basis) if basis else None, at=now))
-    return _outcome(state, events, error=error)
+    return outcome(state, events, error=error)
 
 
 def decide_manual(
@@ -264,7 +321,7 @@ def decide_manual(
         raise InvalidInput("basis.revision", f"must be the session's revision r{state.revision}, got r{basis.revision}")
     s, events, policy = _begin(state, default_policy, now)
     if s.open_manual is not None:
-        return _outcome(state, events, error=ManualAttemptOpen(
+        return outcome(state, events, error=ManualAttemptOpen(
             f"manual attempt {s.open_manual.attempt_id} is already open", attempt_id=s.open_manual.attempt_id,
         ))
     last = s.last if s.last and s.last.revision == s.revision else None
@@ -279,7 +336,7 @@ def decide_manual(
         tokens_before=last.input_tokens if last else None, input_limit=L, history_budget=budget,
     )
     events.append(started)
-    return _outcome(state, events, attempt=Attempt.from_started(started))
+    return outcome(state, events, attempt=Attempt.from_started(started))
 
 
 def _holder(s: SessionState, attempt_id: Any, fencing_token: Any) -> Attempt | TrackerError:
@@ -321,16 +378,14 @@ def decide_commit(
         raise InvalidInput("tokens_after", f"must be an integer >= 0, got {tokens_after!r}")
     s, events, held = _held(state, attempt_id, fencing_token, now)
     if isinstance(held, TrackerError):
-        return _outcome(state, events, error=held)
+        return outcome(state, events, error=held)
     a = held
     duration = _ms(now - a.opened_at)
     if a.input_limit is not None and tokens_after >= a.input_limit:
         events.append(CompactionRejected(attempt_id=a.attempt_id, reason=a.reason, basis=a.basis,
                                          reject_reason="summary_too_large", duration_ms=duration, at=now))
-        return _outcome(state, events, attempt=a, error=SummaryTooLarge(
-            f"tokens_after {tokens_after} >= input_limit {a.input_limit}; recorded as a rejection",
-            attempt_id=a.attempt_id, tokens_after=tokens_after, input_limit=a.input_limit,
-        ))
+        return outcome(state, events, attempt=a,
+                       error=summary_too_large_error(a.attempt_id, tokens_after, a.input_limit))
     events.append(CompactionCommitted(attempt_id=a.attempt_id, reason=a.reason, basis=a.basis,
                                       new_revision=s.revision + 1, tokens_before=a.tokens_before,
                                       tokens_after=tokens_after, duration_ms=duration, at=now))
@@ -339,7 +394,7 @@ def decide_commit(
         if other.attempt_id != a.attempt_id:
             events.append(CompactionRejected(attempt_id=other.attempt_id, reason=other.reason, basis=other.basis,
                                              reject_reason="superseded", duration_ms=_ms(now - other.opened_at), at=now))
-    return _outcome(state, events, attempt=a)
+    return outcome(state, events, attempt=a)
 
 
 def decide_reject(
@@ -349,10 +404,10 @@ def decide_reject(
         raise InvalidInput("reject_reason", f"must be a non-empty string of at most 200 characters, got {reject_reason!r}")
     _, events, held = _held(state, attempt_id, fencing_token, now)
     if isinstance(held, TrackerError):
-        return _outcome(state, events, error=held)
+        return outcome(state, events, error=held)
     events.append(CompactionRejected(attempt_id=held.attempt_id, reason=held.reason, basis=held.basis,
                                      reject_reason=reject_reason, duration_ms=_ms(now - held.opened_at), at=now))
-    return _outcome(state, events, attempt=held)
+    return outcome(state, events, attempt=held)
 
 
 def _inputs(compaction_threshold: Any, scope: Any, scope_confidence: Any, overhead_tokens: Any) -> dict[str, Any] | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import MISSING, asdict, dataclass, fields
 from typing import Any, ClassVar
 
+from tracker.core.model import Action, Pressure, Trigger
 from tracker.errors import InvalidInput
 
 
@@ -26,7 +27,7 @@ class DomainEvent:
         return data
 
     @classmethod
-    def from_data(cls, data: dict[str, Any]) -> "DomainEvent":
+    def from_data(cls, data: dict[str, Any]) -> DomainEvent:
         names = {f.name for f in fields(cls)}
         missing = [f.name for f in fields(cls) if f.name not in data and f.default is MISSING and f.default_factory is MISSING]
         if missing:
@@ -46,16 +47,16 @@ class ContextMeasured(DomainEvent):
     TYPE: ClassVar[str] = "ContextMeasured"
     measurement: dict[str, Any]
     occupancy_bp: int
-    pressure_before: str
-    pressure: str
+    pressure_before: Pressure
+    pressure: Pressure
     threshold_bp: int
     threshold_source: str
     compact_level: int
     rearm_level: int
     hard_level: int
     growth_fired: bool
-    action: str
-    trigger: str | None = None
+    action: Action
+    trigger: Trigger | None = None
     at: float = 0.0
     # the per-request inputs as given (compaction_threshold, scope, scope_confidence, overhead_tokens),
     # kept so replay and what-if can re-decide exactly

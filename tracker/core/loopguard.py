@@ -48,6 +48,7 @@ from decimal import Decimal
 from fractions import Fraction
 from typing import Any, Literal
 
+from tracker.core.model import exact, is_int
 from tracker.errors import InvalidInput
 
 __all__ = [
@@ -76,16 +77,12 @@ DEFAULT_CALIBRATION = 1.0
 _ENTRY_KEYS = frozenset({"kind", "tokens", "preview_tokens"})
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _check_entry_fields(kind: Any, tokens: Any, preview_tokens: Any, prefix: str) -> None:
     if not isinstance(kind, str) or kind not in ENTRY_KINDS:
         raise InvalidInput(f"{prefix}kind", f"must be one of {', '.join(ENTRY_KINDS)}, got {kind!r}")
-    if not _is_int(tokens) or tokens < 0:
+    if not is_int(tokens) or tokens < 0:
         raise InvalidInput(f"{prefix}tokens", f"must be an integer >= 0, got {tokens!r}")
-    if preview_tokens is not None and (not _is_int(preview_tokens) or preview_tokens < 0):
+    if preview_tokens is not None and (not is_int(preview_tokens) or preview_tokens < 0):
         raise InvalidInput(f"{prefix}preview_tokens", f"must be null or an integer >= 0, got {preview_tokens!r}")
 
 
@@ -136,7 +133,7 @@ def _normalise_entries(entries: Any) -> list[LoopGuardEntry]:
             _check_entry_fields(entry.kind, entry.tokens, entry.preview_tokens, prefix)
             out.append(entry)
         elif isinstance(entry, Mapping):
-            unknown = sorted(str(k) for k in entry.keys() if k not in _ENTRY_KEYS)
+            unknown = sorted(str(k) for k in entry if k not in _ENTRY_KEYS)
             if unknown:
                 raise InvalidInput(f"entries[{i}]", f"unknown key(s) {', '.join(unknown)}; allowed: kind, tokens, preview_tokens")
             for key in ("kind", "tokens"):
@@ -155,15 +152,15 @@ def _exact(field: str, value: Any) -> Fraction:
     if isinstance(value, bool):
         raise InvalidInput(field, f"must be a number, got {value!r}")
     if isinstance(value, (int, Fraction)):
-        return Fraction(value)
+        return exact(value)
     if isinstance(value, float):
         if not math.isfinite(value):
             raise InvalidInput(field, f"must be finite, got {value!r}")
-        return Fraction(repr(value))
+        return exact(value)
     if isinstance(value, Decimal):
         if not value.is_finite():
             raise InvalidInput(field, f"must be finite, got {value!r}")
-        return Fraction(value)
+        return exact(value)
     raise InvalidInput(field, f"must be a number, got {type(value).__name__}")
 
 
@@ -218,9 +215,9 @@ def plan_reclaim(
     Raises :class:`~tracker.errors.InvalidInput` naming the bad field.
     """
     items = _normalise_entries(entries)
-    if not _is_int(available_input_tokens) or available_input_tokens <= 0:
+    if not is_int(available_input_tokens) or available_input_tokens <= 0:
         raise InvalidInput("available_input_tokens", f"must be an integer > 0, got {available_input_tokens!r}")
-    if not _is_int(fixed_overhead_tokens) or fixed_overhead_tokens < 0:
+    if not is_int(fixed_overhead_tokens) or fixed_overhead_tokens < 0:
         raise InvalidInput("fixed_overhead_tokens", f"must be an integer >= 0, got {fixed_overhead_tokens!r}")
     threshold_r = _ratio("threshold_ratio", threshold_ratio)
     low_r = _ratio("low_water_ratio", low_water_ratio)
@@ -228,7 +225,7 @@ def plan_reclaim(
         raise InvalidInput(
             "low_water_ratio", f"must be <= threshold_ratio ({threshold_ratio!r}), got {low_water_ratio!r}"
         )
-    if not _is_int(protected_tail) or protected_tail < 0:
+    if not is_int(protected_tail) or protected_tail < 0:
         raise InvalidInput("protected_tail", f"must be an integer >= 0, got {protected_tail!r}")
     cal = _exact("calibration", calibration)
     if cal <= 0:

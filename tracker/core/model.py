@@ -8,7 +8,10 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Any
+from decimal import Decimal
+from fractions import Fraction
+from functools import lru_cache
+from typing import Any, Literal
 
 from tracker.errors import ContextLimitUnknown, InvalidInput, InvalidSessionId, MalformedMeasurement
 
@@ -18,8 +21,20 @@ HISTORY_SAFETY_FACTOR_PCT = 95  # HISTORY_SAFETY_FACTOR = 0.95, kept as an integ
 HISTORY_SAFETY_FACTOR = HISTORY_SAFETY_FACTOR_PCT / 100
 MIN_SCOPE_CONFIDENCE = 0.5
 
-QUALITIES = ("exact_provider", "exact_local", "heuristic_estimate")
-EXACT_QUALITIES = frozenset({"exact_provider", "exact_local"})
+# The closed vocabularies of the domain: one declaration each, used as types and as value sets.
+Quality = Literal["exact_provider", "exact_local", "heuristic_estimate"]
+Pressure = Literal["normal", "compact", "hard_limit"]
+Action = Literal["proceed", "compact", "wait", "context_limit"]
+Trigger = Literal["threshold", "hard_limit", "growth"]
+Reason = Literal["automatic", "manual"]
+
+QUALITY_EXACT_PROVIDER: Quality = "exact_provider"
+QUALITY_EXACT_LOCAL: Quality = "exact_local"
+QUALITY_HEURISTIC: Quality = "heuristic_estimate"
+QUALITIES: tuple[Quality, ...] = (QUALITY_EXACT_PROVIDER, QUALITY_EXACT_LOCAL, QUALITY_HEURISTIC)
+EXACT_QUALITIES: frozenset[str] = frozenset({QUALITY_EXACT_PROVIDER, QUALITY_EXACT_LOCAL})
+PRESSURES: tuple[Pressure, ...] = ("normal", "compact", "hard_limit")
+ACTIONS: tuple[Action, ...] = ("proceed", "compact", "wait", "context_limit")
 
 _SESSION_ID = re.compile(r"^[A-Za-z0-9._:-]{1,200}$")
 _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
@@ -58,7 +73,7 @@ class Basis:
         return f"r{self.revision}:{self.through}"
 
     @classmethod
-    def parse(cls, text: Any, current_revision: int = 1) -> "Basis":
+    def parse(cls, text: Any, current_revision: int = 1) -> Basis:
         """``r<revision>:<through>``, or a bare ``through`` at ``current_revision``."""
         if isinstance(text, Basis):
             return text
@@ -84,7 +99,7 @@ class ModelRef:
         return {"provider": self.provider, "name": self.name}
 
     @classmethod
-    def from_data(cls, data: Any) -> "ModelRef":
+    def from_data(cls, data: Any) -> ModelRef:
         if isinstance(data, ModelRef):
             return data
         if isinstance(data, str):
@@ -120,7 +135,7 @@ class Measurement:
         }
 
     @classmethod
-    def from_data(cls, data: Any, current_revision: int = 1) -> "Measurement":
+    def from_data(cls, data: Any, current_revision: int = 1) -> Measurement:
         if not isinstance(data, dict):
             raise MalformedMeasurement("must be an object", field="measurement")
         for key in ("basis", "input_tokens", "input_limit"):
@@ -166,7 +181,7 @@ def resolve_input_limit(
     model: str = "model",
 ) -> int:
     """SPEC §3: the input limit of a model under a policy. Fails closed with ContextLimitUnknown."""
-    if not is_int(window) or window <= 0:  # type: ignore[operator]
+    if not isinstance(window, int) or isinstance(window, bool) or window <= 0:
         raise ContextLimitUnknown(f"{model}: no context window known", model=model)
     reserve = reserved_output if max_output_tokens is None else min(reserved_output, max_output_tokens)
     if reserved_output >= window:
@@ -186,4 +201,13 @@ def ceil_div(a: int, b: int) -> int:
 
 
 def finite_number(value: Any) -> bool:
+    """An int (not a bool) or a finite float."""
     return (is_int(value) or isinstance(value, float)) and math.isfinite(value)
+
+
+@lru_cache(maxsize=256)  # a memo of a pure function: same answer, less string parsing on the hot path
+def exact(value: float | int | Fraction | Decimal) -> Fraction:
+    """A number as the exact fraction the user wrote: 0.1 -> 1/10 (not 0.1000000000000000055...)."""
+    if isinstance(value, float):
+        return Fraction(repr(value))
+    return Fraction(value)

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Mapping
+from typing import Any
 
-from tracker.core.model import FULL_SCALE_BP, is_int
+from tracker.core.model import EXACT_QUALITIES, FULL_SCALE_BP, QUALITIES, finite_number, is_int
 from tracker.errors import InvalidPolicy
 
 COUNTER_POLICIES = ("allow_conservative", "require_exact")
@@ -76,14 +76,14 @@ class Policy:
 
     def allows_quality(self, quality: str) -> bool:
         if self.counter_policy == "require_exact":
-            return quality in ("exact_provider", "exact_local")
-        return quality in ("exact_provider", "exact_local", "heuristic_estimate")
+            return quality in EXACT_QUALITIES
+        return quality in QUALITIES
 
     def to_data(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
-    def from_data(cls, data: Mapping[str, Any] | None) -> "Policy":
+    def from_data(cls, data: Mapping[str, Any] | None) -> Policy:
         if data is None:
             return cls()
         known = {f.name for f in fields(cls)}
@@ -92,9 +92,9 @@ class Policy:
             raise InvalidPolicy(unknown[0], "is not a policy field")
         return cls(**dict(data))
 
-    def replace(self, **changes: Any) -> "Policy":
+    def replace(self, **changes: Any) -> Policy:
         return Policy.from_data({**self.to_data(), **{k: v for k, v in changes.items()}})
 
 
 def _positive_finite(value: Any) -> bool:
-    return (is_int(value) or isinstance(value, float)) and math.isfinite(value) and value > 0
+    return finite_number(value) and value > 0

@@ -7,8 +7,9 @@ cached state can always be checked against ``fold(events)``.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable
+from typing import Any
 
 from tracker.core.events import (
     CompactionCommitted,
@@ -22,6 +23,7 @@ from tracker.core.events import (
     SessionStarted,
     event_from_data,
 )
+from tracker.core.model import Pressure
 from tracker.core.policy import Policy
 
 RECENT_ATTEMPTS_KEPT = 20
@@ -48,7 +50,7 @@ class Attempt:
         return dict(self.__dict__)
 
     @classmethod
-    def from_started(cls, e: CompactionStarted) -> "Attempt":
+    def from_started(cls, e: CompactionStarted) -> Attempt:
         return cls(
             e.attempt_id, e.reason, e.trigger, e.basis, e.fencing_token, e.opened_at,
             e.lease_expires_at, e.tokens_before, e.input_limit, e.history_budget,
@@ -75,7 +77,7 @@ class SessionState:
     version: int = 0
     policy: Policy | None = None
     revision: int = 1
-    pressure: str = "normal"
+    pressure: Pressure = "normal"
     exhausted: frozenset[str] = frozenset()  # automatic bases exhausted at the current revision
     open_attempts: tuple[Attempt, ...] = ()
     episode_automatic: int = 0
@@ -128,7 +130,7 @@ class SessionState:
         }
 
     @classmethod
-    def from_data(cls, data: dict[str, Any]) -> "SessionState":
+    def from_data(cls, data: dict[str, Any]) -> SessionState:
         return cls(
             session_id=data["session_id"],
             version=data["version"],

@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import math
-from functools import lru_cache
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from tracker.core.model import FULL_SCALE_BP, HISTORY_SAFETY_FACTOR_PCT, MIN_SCOPE_CONFIDENCE, WINDOW_CEILING, ceil_div, is_int
+from tracker.core.model import (
+    FULL_SCALE_BP,
+    HISTORY_SAFETY_FACTOR_PCT,
+    MIN_SCOPE_CONFIDENCE,
+    WINDOW_CEILING,
+    ceil_div,
+    exact,
+    finite_number,
+    is_int,
+)
 from tracker.errors import InvalidInput
 
 SCOPE_THRESHOLDS_BP: dict[str, int] = {
@@ -19,16 +27,10 @@ SCOPE_THRESHOLDS_BP: dict[str, int] = {
 }
 
 
-@lru_cache(maxsize=256)  # a memo of a pure function: same answer, less string parsing on the hot path
-def exact(value: float | int) -> Fraction:
-    """A float as the decimal the user wrote: 0.1 -> 1/10 (not 0.1000000000000000055...)."""
-    return Fraction(value) if is_int(value) else Fraction(repr(float(value)))
-
-
 def _number(field: str, value: Any) -> float | int:
     if is_int(value) and abs(value) > 10**6:  # no meaningful ratio is this large (and math.isfinite overflows)
         raise InvalidInput(field, f"must be a finite number in range, got an integer of {len(str(value))} digits")
-    if not (is_int(value) or isinstance(value, float)) or not math.isfinite(value):
+    if not finite_number(value):
         raise InvalidInput(field, f"must be a finite number, got {value!r}")
     return value
 

@@ -1,16 +1,27 @@
 """Counting: canonical requests, the model registry, counters and counting backends (SPEC §3, §7).
 
-    from tracker.counting import counting_from_settings
-    backend = counting_from_settings()          # Celery if TRACKER_BROKER_URL, else in-process
+    from tracker.bootstrap import build_counting
+    backend = build_counting(settings)          # Celery if TRACKER_BROKER_URL, else in-process
     m = backend.measure(request_dict, model="gpt-4o", basis=Basis(1, "msg-9"), policy=Policy())
+
+The port (:mod:`tracker.counting.base`), the registry, the shipped counters and both backends
+(Celery itself is imported only when a Celery app is made or a count sent).
 """
 
-from tracker.counting.counters import (
+from tracker.counting.backends import InProcessCounting, MeasuringBackend
+from tracker.counting.base import (
     QUALITY_EXACT_LOCAL,
     QUALITY_EXACT_PROVIDER,
     QUALITY_HEURISTIC,
     Counter,
+    CountingBackend,
     CountResult,
+    ModelSpec,
+    deadline_scope,
+    remaining_time,
+)
+from tracker.counting.celery import CeleryCounting
+from tracker.counting.counters import (
     ExactLocalCounter,
     HeuristicCounter,
     chat_tokens,
@@ -18,16 +29,8 @@ from tracker.counting.counters import (
     load_encoding,
 )
 from tracker.counting.http import AnthropicHttpCounter, OpenAIHttpCounter
-from tracker.counting.registry import ModelRegistry, ModelSpec
+from tracker.counting.registry import ModelRegistry
 from tracker.counting.request import CanonicalRequest, canonical_json, fingerprint_of
-from tracker.counting.service import (
-    CeleryCounting,
-    CountingBackend,
-    InProcessCounting,
-    counting_from_settings,
-    run_count_task,
-    validate_count,
-)
 
 __all__ = [
     "AnthropicHttpCounter",
@@ -39,6 +42,7 @@ __all__ = [
     "ExactLocalCounter",
     "HeuristicCounter",
     "InProcessCounting",
+    "MeasuringBackend",
     "ModelRegistry",
     "ModelSpec",
     "OpenAIHttpCounter",
@@ -47,10 +51,10 @@ __all__ = [
     "QUALITY_HEURISTIC",
     "canonical_json",
     "chat_tokens",
-    "counting_from_settings",
+    "deadline_scope",
     "fingerprint_of",
     "heuristic_text_tokens",
     "load_encoding",
-    "run_count_task",
-    "validate_count",
+    "remaining_time",
 ]
+

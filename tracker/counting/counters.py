@@ -24,8 +24,6 @@ read or written.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import functools
 import gzip
 import hashlib
@@ -34,79 +32,24 @@ import math
 import os
 import re
 import threading
-import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol, runtime_checkable
+from typing import TYPE_CHECKING
 
-from tracker.counting.request import CanonicalRequest, ImagePart, Part, TextPart, ToolCallPart, ToolResultPart, canonical_json
+from tracker.counting.base import QUALITY_EXACT_LOCAL, QUALITY_HEURISTIC, CountResult, ModelSpec
+from tracker.counting.request import (
+    CanonicalRequest,
+    ImagePart,
+    Part,
+    TextPart,
+    ToolCallPart,
+    ToolResultPart,
+    canonical_json,
+)
 from tracker.errors import InvalidCountModel, RankFileError
 
 if TYPE_CHECKING:  # pragma: no cover
     import tiktoken
-
-    from tracker.counting.registry import ModelSpec
-
-QUALITY_EXACT_PROVIDER = "exact_provider"
-QUALITY_EXACT_LOCAL = "exact_local"
-QUALITY_HEURISTIC = "heuristic_estimate"
-
-
-# -- the interface ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class CountResult:
-    """What a counter reports. Validated into a core ``Measurement`` by ``validate_count``."""
-
-    input_tokens: int
-    model: str
-    quality: str
-    fingerprint: str
-
-    def to_data(self) -> dict[str, Any]:
-        return {
-            "input_tokens": self.input_tokens,
-            "model": self.model,
-            "quality": self.quality,
-            "fingerprint": self.fingerprint,
-        }
-
-
-@runtime_checkable
-class Counter(Protocol):
-    name: str
-    quality: str
-
-    def count(self, request: CanonicalRequest, model: "ModelSpec") -> CountResult: ...
-
-
-# -- the count's deadline ---------------------------------------------------------------------
-#
-# Backends run a counter under a deadline (time.monotonic() seconds). Counters that wait on
-# something (the HTTP counters) read it to size their own timeouts; nothing retries past it.
-
-_deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar("tracker_count_deadline", default=None)
-
-
-@contextlib.contextmanager
-def deadline_scope(deadline: float | None) -> Iterator[None]:
-    token = _deadline.set(deadline)
-    try:
-        yield
-    finally:
-        _deadline.reset(token)
-
-
-def current_deadline() -> float | None:
-    return _deadline.get()
-
-
-def remaining_time(default: float) -> float:
-    """Seconds left before the current count's deadline (``default`` when none is set)."""
-    deadline = _deadline.get()
-    if deadline is None:
-        return default
-    return deadline - time.monotonic()
 
 
 # -- exact encodings without network ---------------------------------------------------------
@@ -154,7 +97,7 @@ ENCODINGS: dict[str, EncodingSource] = {
 }
 
 _encoding_lock = threading.Lock()
-_encodings: dict[str, "tiktoken.Encoding"] = {}
+_encodings: dict[str, tiktoken.Encoding] = {}
 
 
 def rank_file_path(encoding_name: str) -> str:
@@ -193,7 +136,7 @@ def parse_ranks(data: bytes) -> dict[bytes, int]:
     return ranks
 
 
-def load_encoding(encoding_name: str) -> "tiktoken.Encoding":
+def load_encoding(encoding_name: str) -> tiktoken.Encoding:
     """A ``tiktoken.Encoding`` for ``o200k_base`` / ``cl100k_base``, built offline, cached per process."""
     enc = _encodings.get(encoding_name)
     if enc is not None:
@@ -285,7 +228,7 @@ def chat_tokens(
     return total
 
 
-def _image_costs(model: "ModelSpec") -> tuple[int, int]:
+def _image_costs(model: ModelSpec) -> tuple[int, int]:
     opts = model.options
     return int(opts.get("image_base_tokens", DEFAULT_IMAGE_BASE)), int(opts.get("image_tile_tokens", DEFAULT_IMAGE_TILE))
 
@@ -298,8 +241,9 @@ class ExactLocalCounter:
 
     name = "exact_local"
     quality = QUALITY_EXACT_LOCAL
+    needs_encoding = True  # the registry refuses an exact_local entry without one
 
-    def count(self, request: CanonicalRequest, model: "ModelSpec") -> CountResult:
+    def count(self, request: CanonicalRequest, model: ModelSpec) -> CountResult:
         if model.encoding not in ENCODINGS:
             raise InvalidCountModel(
                 f"{model.name}: the exact local counter needs encoding o200k_base or cl100k_base, got {model.encoding!r}",
@@ -314,10 +258,6 @@ class ExactLocalCounter:
             lambda image: openai_image_tokens(image, base, tile),
         )
         return CountResult(tokens, model.name, self.quality, request.fingerprint)
-
-
-def exact_text_tokens(text: str, encoding_name: str = "o200k_base") -> int:
-    return len(load_encoding(encoding_name).encode_ordinary(text))
 
 
 # -- heuristic -------------------------------------------------------------------------------
@@ -405,7 +345,7 @@ def heuristic_text_tokens(text: str) -> int:
     blob_tokens = 0
     if len(text) >= 8:
 
-        def take_blob(m: "re.Match[str]") -> str:
+        def take_blob(m: re.Match[str]) -> str:
             nonlocal blob_tokens
             s = m.group()
             if not _looks_random(s):
@@ -459,7 +399,7 @@ class HeuristicCounter:
     name = "heuristic"
     quality = QUALITY_HEURISTIC
 
-    def count(self, request: CanonicalRequest, model: "ModelSpec") -> CountResult:
+    def count(self, request: CanonicalRequest, model: ModelSpec) -> CountResult:
         return CountResult(heuristic_request_tokens(request, model), model.name, self.quality, request.fingerprint)
 
 
@@ -472,6 +412,6 @@ def heuristic_image_tokens(part: ImagePart, base: int = DEFAULT_IMAGE_BASE, tile
     return max(openai, anthropic)
 
 
-def heuristic_request_tokens(request: CanonicalRequest, model: "ModelSpec | None" = None) -> int:
+def heuristic_request_tokens(request: CanonicalRequest, model: ModelSpec | None = None) -> int:
     base, tile = _image_costs(model) if model is not None else (DEFAULT_IMAGE_BASE, DEFAULT_IMAGE_TILE)
     return chat_tokens(request, heuristic_text_tokens, lambda image: heuristic_image_tokens(image, base, tile))

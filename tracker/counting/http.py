@@ -8,7 +8,8 @@
   -> ``{"object": "response.input_tokens", "input_tokens": n}``. Header
   ``Authorization: Bearer <key>``.
 
-Settings: ``TRACKER_ANTHROPIC_BASE_URL`` (default ``https://api.anthropic.com``),
+Settings come from :class:`~tracker.settings.ProviderSettings` (``from_settings``):
+``TRACKER_ANTHROPIC_BASE_URL`` (default ``https://api.anthropic.com``),
 ``TRACKER_ANTHROPIC_API_KEY``, ``TRACKER_OPENAI_BASE_URL`` (default
 ``https://api.openai.com``), ``TRACKER_OPENAI_API_KEY``.
 
@@ -45,16 +46,19 @@ import json
 import os
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from tracker.counting.counters import QUALITY_EXACT_PROVIDER, CountResult, remaining_time
+from tracker.counting.base import QUALITY_EXACT_PROVIDER, CountResult, ModelSpec, remaining_time
 from tracker.counting.request import CanonicalRequest, ImagePart, Message, TextPart, ToolCallPart, ToolResultPart
 from tracker.errors import CountTimeout, InvalidCountModel, MalformedMeasurement
 
 if TYPE_CHECKING:  # pragma: no cover
-    from tracker.counting.registry import ModelSpec
+    from pydantic import SecretStr
+
+    from tracker.settings import ProviderSettings
 
 DEFAULT_TIMEOUT_S = 10.0  # only when a counter is called outside a backend (no deadline set)
 ANTHROPIC_VERSION = "2023-06-01"
@@ -103,18 +107,18 @@ class HttpCounter:
 
     # -- to be provided by the provider classes ----------------------------------------------
 
-    def body(self, request: CanonicalRequest, model: "ModelSpec") -> dict[str, Any]:  # pragma: no cover
+    def body(self, request: CanonicalRequest, model: ModelSpec) -> dict[str, Any]:  # pragma: no cover
         raise NotImplementedError
 
-    def headers(self, model: "ModelSpec") -> dict[str, str]:  # pragma: no cover
+    def headers(self, model: ModelSpec) -> dict[str, str]:  # pragma: no cover
         raise NotImplementedError
 
-    def check_response(self, data: Mapping[str, Any], model: "ModelSpec") -> None:
+    def check_response(self, data: Mapping[str, Any], model: ModelSpec) -> None:
         """Provider-specific shape checks on a 2xx JSON object."""
 
     # -- the count ---------------------------------------------------------------------------
 
-    def count(self, request: CanonicalRequest, model: "ModelSpec") -> CountResult:
+    def count(self, request: CanonicalRequest, model: ModelSpec) -> CountResult:
         if not self.api_key:
             raise InvalidCountModel(
                 f"{model.name}: no API key for {self.name} (set {self.key_setting})", model=model.name, cause="auth"
@@ -141,7 +145,7 @@ class HttpCounter:
         elapsed_ms = int((time.monotonic() - started) * 1000)
         return self._interpret(resp, request, model, elapsed_ms)
 
-    def _interpret(self, resp: httpx.Response, request: CanonicalRequest, model: "ModelSpec", elapsed_ms: int) -> CountResult:
+    def _interpret(self, resp: httpx.Response, request: CanonicalRequest, model: ModelSpec, elapsed_ms: int) -> CountResult:
         status = resp.status_code
         where = f"{model.name}: {self.name} answered HTTP {status}"
         if status == 429:
@@ -172,16 +176,20 @@ class HttpCounter:
         return CountResult(data["input_tokens"], reported_name, self.quality, request.fingerprint)
 
 
+def _secret(value: SecretStr | None) -> str | None:
+    return value.get_secret_value() if value is not None else None
+
+
 def _snippet(resp: httpx.Response, limit: int = 300) -> str:
     try:
         text = resp.text
-    except Exception:  # pragma: no cover - undecodable body
+    except Exception:  # noqa: BLE001  # pragma: no cover - undecodable body
         return "<undecodable body>"
     text = " ".join(text.split())
     return text[:limit] + ("…" if len(text) > limit else "")
 
 
-def _placeholder_error(model: "ModelSpec", counter: str) -> InvalidCountModel:
+def _placeholder_error(model: ModelSpec, counter: str) -> InvalidCountModel:
     return InvalidCountModel(
         f"{model.name}: {counter} needs the image itself (a source), not a size-only placeholder",
         model=model.name,
@@ -202,21 +210,21 @@ class AnthropicHttpCounter(HttpCounter):
         self.version = version
 
     @classmethod
-    def from_settings(cls, env: Mapping[str, str]) -> "AnthropicHttpCounter":
+    def from_settings(cls, providers: ProviderSettings) -> AnthropicHttpCounter:
         return cls(
-            env.get("TRACKER_ANTHROPIC_BASE_URL") or "https://api.anthropic.com",
-            env.get("TRACKER_ANTHROPIC_API_KEY"),
-            version=env.get("TRACKER_ANTHROPIC_VERSION") or ANTHROPIC_VERSION,
+            providers.anthropic_base_url,
+            _secret(providers.anthropic_api_key),
+            version=providers.anthropic_version or ANTHROPIC_VERSION,
         )
 
-    def headers(self, model: "ModelSpec") -> dict[str, str]:
+    def headers(self, model: ModelSpec) -> dict[str, str]:
         h = {"x-api-key": self.api_key or "", "anthropic-version": self.version}
         beta = model.options.get("anthropic_beta")
         if beta:
             h["anthropic-beta"] = beta if isinstance(beta, str) else ",".join(beta)
         return h
 
-    def body(self, request: CanonicalRequest, model: "ModelSpec") -> dict[str, Any]:
+    def body(self, request: CanonicalRequest, model: ModelSpec) -> dict[str, Any]:
         system: list[dict[str, Any]] = [{"type": "text", "text": p.text} for p in request.system if p.text]
         messages: list[dict[str, Any]] = []
         for m in request.messages:
@@ -237,7 +245,7 @@ class AnthropicHttpCounter(HttpCounter):
             ]
         return body
 
-    def _block(self, part: Any, model: "ModelSpec") -> dict[str, Any] | None:
+    def _block(self, part: Any, model: ModelSpec) -> dict[str, Any] | None:
         if isinstance(part, TextPart):
             return {"type": "text", "text": part.text} if part.text else None
         if isinstance(part, ImagePart):
@@ -270,18 +278,18 @@ class OpenAIHttpCounter(HttpCounter):
     key_setting = "TRACKER_OPENAI_API_KEY"
 
     @classmethod
-    def from_settings(cls, env: Mapping[str, str]) -> "OpenAIHttpCounter":
-        return cls(env.get("TRACKER_OPENAI_BASE_URL") or "https://api.openai.com", env.get("TRACKER_OPENAI_API_KEY"))
+    def from_settings(cls, providers: ProviderSettings) -> OpenAIHttpCounter:
+        return cls(providers.openai_base_url, _secret(providers.openai_api_key))
 
-    def headers(self, model: "ModelSpec") -> dict[str, str]:
+    def headers(self, model: ModelSpec) -> dict[str, str]:
         return {"authorization": f"Bearer {self.api_key}"}
 
-    def check_response(self, data: Mapping[str, Any], model: "ModelSpec") -> None:
+    def check_response(self, data: Mapping[str, Any], model: ModelSpec) -> None:
         obj = data.get("object", "response.input_tokens")
         if obj != "response.input_tokens":
             raise MalformedMeasurement(f"expected 'response.input_tokens', got {obj!r}", field="object")
 
-    def body(self, request: CanonicalRequest, model: "ModelSpec") -> dict[str, Any]:
+    def body(self, request: CanonicalRequest, model: ModelSpec) -> dict[str, Any]:
         items: list[dict[str, Any]] = []
         for m in request.all_messages():
             items.extend(self._items(m, model))
@@ -293,7 +301,7 @@ class OpenAIHttpCounter(HttpCounter):
             ]
         return body
 
-    def _items(self, m: Message, model: "ModelSpec") -> list[dict[str, Any]]:
+    def _items(self, m: Message, model: ModelSpec) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = []
         content: list[dict[str, Any]] = []
         text_type = "output_text" if m.role == "assistant" else "input_text"
@@ -326,7 +334,7 @@ class OpenAIHttpCounter(HttpCounter):
         flush()
         return items
 
-    def _image(self, part: ImagePart, model: "ModelSpec") -> dict[str, Any]:
+    def _image(self, part: ImagePart, model: ModelSpec) -> dict[str, Any]:
         if part.source is None:
             raise _placeholder_error(model, self.name)
         src = part.source

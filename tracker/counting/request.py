@@ -42,8 +42,9 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping, Union
+from typing import Any
 
 from tracker.errors import InvalidInput
 
@@ -127,7 +128,7 @@ class ToolCallPart:
 @dataclass(frozen=True)
 class ToolResultPart:
     tool_call_id: str
-    content: tuple[Union[TextPart, ImagePart], ...]
+    content: tuple[TextPart | ImagePart, ...]
     is_error: bool = False
 
     def to_data(self) -> dict[str, Any]:
@@ -141,7 +142,7 @@ class ToolResultPart:
         return data
 
 
-Part = Union[TextPart, ImagePart, ToolCallPart, ToolResultPart]
+Part = TextPart | ImagePart | ToolCallPart | ToolResultPart
 
 
 @dataclass(frozen=True)
@@ -181,7 +182,7 @@ class CanonicalRequest:
     # -- construction ------------------------------------------------------------------------
 
     @classmethod
-    def from_dict(cls, data: Any) -> "CanonicalRequest":
+    def from_dict(cls, data: Any) -> CanonicalRequest:
         if isinstance(data, CanonicalRequest):
             return data
         if not isinstance(data, Mapping):
@@ -240,10 +241,6 @@ class CanonicalRequest:
         if self.system:
             return (Message("system", tuple(self.system)),) + self.messages
         return self.messages
-
-    def text_size(self) -> int:
-        """Characters of text in the request (a rough size, for benches and logs)."""
-        return len(self.canonical_json())
 
 
 # -- parsing helpers -------------------------------------------------------------------------
@@ -356,14 +353,14 @@ def _parse_part(p: Any, field: str, role: str) -> Part:
     )
 
 
-def _parse_result_content(content: Any, field: str) -> tuple[Union[TextPart, ImagePart], ...]:
+def _parse_result_content(content: Any, field: str) -> tuple[TextPart | ImagePart, ...]:
     if content is None:
         return ()
     if isinstance(content, str):
         return (TextPart(content),) if content else ()
     if not isinstance(content, list):
         raise InvalidInput(field, f"must be a string, a list of text/image parts or null, got {type(content).__name__}")
-    out: list[Union[TextPart, ImagePart]] = []
+    out: list[TextPart | ImagePart] = []
     for i, p in enumerate(content):
         part = _parse_part(p, f"{field}[{i}]", "tool")
         if not isinstance(part, (TextPart, ImagePart)):

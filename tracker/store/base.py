@@ -1,16 +1,20 @@
 """The event store's value types and interface (SPEC §8: the log is the truth).
 
 ``EventStore`` is what the rest of the tracker codes against; ``tracker.store.sql``
-implements it on SQLite and PostgreSQL. A ``Projector`` supplied by the caller
+implements it on SQLite and PostgreSQL (the fast path there: ``tracker.store.postgres``). A ``Projector`` supplied by the caller
 folds events into the per-session projection (``sessions`` table), which the
 store writes in the same transaction as the events it was folded from.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Iterator, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:  # pragma: no cover
+    from sqlalchemy.engine import Engine
 
 DEFAULT_MAX_EVENT_BYTES = 64 * 1024
 MAX_EVENT_TYPE_LEN = 100
@@ -71,6 +75,19 @@ class Projector(Protocol):
 
 
 class EventStore(Protocol):
+    """What the tracker uses of an event store (``tracker.store.sql.SqlEventStore`` implements it).
+
+    Commands (``tracker.service``) use ``append``, ``find_idempotent``, ``load`` and
+    ``read_stream``; the read side (``tracker.queries``) also ``read_all``,
+    ``stream_version``, ``list_sessions`` and ``session_ids``; verification
+    (``tracker.store.verify``) ``log_versions``, ``projection_row`` and ``fold_stream``.
+    ``engine`` is the SQLAlchemy engine of the store's database, shared with the fleet
+    store and the schema check.
+    """
+
+    @property
+    def engine(self) -> Engine: ...
+
     def append(
         self,
         session_id: str,
@@ -93,12 +110,30 @@ class EventStore(Protocol):
 
     def stream_version(self, session_id: str) -> int: ...
 
-    def load(self, session_id: str) -> tuple[dict[str, Any] | None, int]: ...
+    def load(self, session_id: str) -> tuple[dict[str, Any] | None, int]:
+        """(projection state, version); (None, 0) for an unknown session."""
+        ...
+
+    def fold_stream(
+        self, session_id: str, to_version: int | None = None, projector: Projector | None = None
+    ) -> tuple[dict[str, Any], int]:
+        """The session's state folded from the log alone (default: the store's projector), and its version."""
+        ...
 
     def list_sessions(
         self, *, pressure: str | None = None, active_since: datetime | None = None, limit: int = 1000
     ) -> list[dict[str, Any]]: ...
 
-    def session_ids(self) -> Iterator[str]: ...
+    def session_ids(self) -> Iterator[str]:
+        """Every session with a projection row, in id order."""
+        ...
+
+    def log_versions(self) -> Iterator[tuple[str, int]]:
+        """(session_id, last version) of every stream in the log, in id order."""
+        ...
+
+    def projection_row(self, session_id: str) -> dict[str, Any] | None:
+        """The session's projection row (``version``, ``state`` and the listing columns), or None."""
+        ...
 
     def close(self) -> None: ...

@@ -1,8 +1,10 @@
 """Schema migrations (Alembic) and the schema-version check.
 
 The migrations live in ``alembic/`` next to the ``tracker`` package (repository
-root); Alembic is configured programmatically here, so ``tracker db upgrade``
-needs no ``alembic.ini`` and no paths from the user.
+root, for a checkout or an editable install) and ship inside the wheel as
+``tracker/alembic``; Alembic is configured programmatically here, so ``tracker db
+upgrade`` needs no ``alembic.ini`` and no paths from the user. A database that
+cannot be reached gives ``StoreUnavailable`` (``tracker.store.errors``).
 
 ``check_schema(engine)`` is what ``open_store`` runs: the app refuses a database
 whose schema is missing or older than the code (``SchemaOutOfDate``, telling the
@@ -16,19 +18,25 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-import tracker
-from tracker.errors import IntegrityError, SchemaOutOfDate, StoreUnavailable
+from tracker.errors import IntegrityError, SchemaOutOfDate
+from tracker.settings import normalize_database_url
+from tracker.store.errors import map_db_errors
 
+#: the ``tracker`` package directory (this file is tracker/store/migrate.py)
+_PACKAGE = Path(__file__).resolve().parents[1]
 
 
 def _find_alembic_dir() -> Path:
-    """``alembic/`` next to the ``tracker`` package (a source checkout or editable install);
-    inside the package as a fallback, should the migrations ever be shipped in the wheel."""
-    package = Path(tracker.__file__).resolve().parent
-    for candidate in (package.parent / "alembic", package / "alembic"):
-        if (candidate / "env.py").is_file():
+    """``tracker/alembic`` inside the package (where a built wheel ships the migrations), else
+    ``alembic/`` next to the package (a source checkout or an editable install).
+
+    The package's own copy is looked at first: next to an installed package sits
+    site-packages, whose ``alembic/`` is the Alembic library itself.
+    """
+    for candidate in (_PACKAGE / "alembic", _PACKAGE.parent / "alembic"):
+        if (candidate / "env.py").is_file() and (candidate / "versions").is_dir():
             return candidate
-    return package.parent / "alembic"
+    return _PACKAGE.parent / "alembic"
 
 
 ALEMBIC_DIR = _find_alembic_dir()
@@ -36,14 +44,6 @@ UPGRADE_HINT = "run `tracker db upgrade`"
 # Alembic's command API keeps global state (alembic.context / alembic.op): one run per
 # process at a time. Across processes, env.py serialises upgrades with an advisory lock.
 _ALEMBIC_LOCK = threading.RLock()
-
-
-def normalize_url(url: str) -> str:
-    """Accept libpq-style URLs and pick the psycopg 3 driver for PostgreSQL."""
-    for prefix in ("postgres://", "postgresql://"):
-        if url.startswith(prefix):
-            return "postgresql+psycopg://" + url[len(prefix) :]
-    return url
 
 
 def alembic_config(url: str | None = None, *, connection: Any = None):
@@ -54,7 +54,7 @@ def alembic_config(url: str | None = None, *, connection: Any = None):
     cfg = Config()
     cfg.set_main_option("script_location", str(ALEMBIC_DIR))
     if url is not None:
-        cfg.attributes["url"] = normalize_url(url)  # attributes: no ini '%' interpolation
+        cfg.attributes["url"] = normalize_database_url(url)  # attributes: no ini '%' interpolation
     if connection is not None:
         cfg.attributes["connection"] = connection
     return cfg
@@ -79,14 +79,6 @@ def revisions() -> list[str]:
     return [s.revision for s in reversed(list(_script_directory().walk_revisions()))]
 
 
-def _is_unavailable(exc: BaseException) -> bool:
-    from sqlalchemy import exc as sa_exc
-
-    return isinstance(exc, (sa_exc.OperationalError, sa_exc.InterfaceError)) or (
-        isinstance(exc, sa_exc.DBAPIError) and exc.connection_invalidated
-    )
-
-
 def current_revisions(bind: Any) -> tuple[str, ...]:
     """The revision(s) recorded in the database (empty: never migrated). ``bind``: engine, connection or URL."""
     from alembic.runtime.migration import MigrationContext
@@ -95,14 +87,10 @@ def current_revisions(bind: Any) -> tuple[str, ...]:
 
     if isinstance(bind, Connection):
         return tuple(MigrationContext.configure(bind).get_current_heads())
-    engine = bind if isinstance(bind, Engine) else create_engine(normalize_url(str(bind)), poolclass=pool.NullPool)
+    engine = bind if isinstance(bind, Engine) else create_engine(normalize_database_url(str(bind)), poolclass=pool.NullPool)
     try:
-        with engine.connect() as conn:
+        with map_db_errors("schema check"), engine.connect() as conn:
             return tuple(MigrationContext.configure(conn).get_current_heads())
-    except Exception as exc:
-        if _is_unavailable(exc):
-            raise StoreUnavailable(f"cannot reach the database: {exc.__class__.__name__}", cause=str(exc)[:500]) from exc
-        raise
     finally:
         if engine is not bind:
             engine.dispose()
@@ -117,20 +105,15 @@ def upgrade(url: str, revision: str = "head") -> str | None:
     """Apply migrations up to ``revision`` (default: the newest). Idempotent. Returns the new revision."""
     from alembic import command
 
-    try:
-        with _ALEMBIC_LOCK:
-            command.upgrade(alembic_config(url), revision)
-    except Exception as exc:
-        if _is_unavailable(exc):
-            raise StoreUnavailable(f"cannot reach the database: {exc.__class__.__name__}", cause=str(exc)[:500]) from exc
-        raise
+    with map_db_errors("upgrade"), _ALEMBIC_LOCK:
+        command.upgrade(alembic_config(url), revision)
     return current_revision(url)
 
 
 def downgrade(url: str, revision: str) -> str | None:
     from alembic import command
 
-    with _ALEMBIC_LOCK:
+    with map_db_errors("downgrade"), _ALEMBIC_LOCK:
         command.downgrade(alembic_config(url), revision)
     return current_revision(url)
 

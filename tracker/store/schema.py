@@ -1,17 +1,22 @@
-"""The event store's tables (SQLAlchemy 2 Core metadata).
+"""Every table of the tracker's database (SQLAlchemy 2 Core metadata).
 
 The schema is created and changed only by the Alembic migrations in ``alembic/``
-at the repository root; ``tests/test_migrations.py`` checks that these models and
-the migrations agree on both backends. Change both together.
+at the repository root (shipped in the wheel as ``tracker/alembic``);
+``tests/test_migrations.py`` checks that these models and the migrations agree on
+both backends. Change both together.
 
 ``events``    the append-only log: global ``position``, per-session ``version``.
 ``sessions``  the per-session projection, written in the same transaction as
               the events it was folded from.
+``fleets``    the HTTP API's tenants: ``fleet_id`` (10 characters ``f`` + 9 hex:
+              short, because it prefixes every internal session id), unique ``name``.
+``api_keys``  ``key_id``, ``fleet_id`` → fleets, ``token_hash`` (hex SHA-256),
+              ``created_at``, ``revoked_at`` (NULL while the key is valid).
 """
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from sqlalchemy import (
     JSON,
@@ -19,6 +24,7 @@ from sqlalchemy import (
     CheckConstraint,
     Column,
     DateTime,
+    ForeignKey,
     Identity,
     Index,
     Integer,
@@ -57,8 +63,8 @@ class UTCDateTime(TypeDecorator):
         if value is None:
             return None
         if value.tzinfo is None:
-            value = value.replace(tzinfo=timezone.utc)
-        value = value.astimezone(timezone.utc)
+            value = value.replace(tzinfo=UTC)
+        value = value.astimezone(UTC)
         if dialect.name == "sqlite":
             return value.replace(tzinfo=None)
         return value
@@ -67,8 +73,8 @@ class UTCDateTime(TypeDecorator):
         if value is None:
             return None
         if value.tzinfo is None:
-            return value.replace(tzinfo=timezone.utc)
-        return value.astimezone(timezone.utc)
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
 
 
 def json_type() -> JSON:
@@ -118,7 +124,24 @@ sessions = Table(
     Index(None, "updated_at"),
 )
 
-# The HTTP API's tables (fleets, api_keys) live on the same metadata, defined next to
-# their code; imported here so that Alembic's env.py and the model/migration comparison
-# (tests/test_migrations.py) always see every table.
-import tracker.fleets  # noqa: E402,F401  (circular-safe: `metadata` is defined above)
+
+# -- tenancy: the HTTP API's fleets and their keys (tracker.store.fleets, migration 0002) ----------
+
+fleets = Table(
+    "fleets",
+    metadata,
+    Column("fleet_id", String(16), primary_key=True),
+    Column("name", String(100), nullable=False, unique=True),
+    Column("created_at", UTCDateTime(), nullable=False),
+)
+
+api_keys = Table(
+    "api_keys",
+    metadata,
+    Column("key_id", String(16), primary_key=True),
+    Column("fleet_id", String(16), ForeignKey("fleets.fleet_id"), nullable=False),
+    Column("token_hash", String(64), nullable=False),
+    Column("created_at", UTCDateTime(), nullable=False),
+    Column("revoked_at", UTCDateTime(), nullable=True),
+    Index(None, "fleet_id"),
+)

@@ -1,7 +1,10 @@
 """The event store on SQLAlchemy 2: PostgreSQL (psycopg 3) and SQLite.
 
 Schema: ``tracker.store.schema`` (SQLAlchemy Core tables), created and changed only
-by the Alembic migrations in ``alembic/`` (``tracker.store.migrate``).
+by the Alembic migrations in ``alembic/`` (``tracker.store.migrate``). Engines and
+``open_store``: ``tracker.store.engine``. The PostgreSQL hot path (fixed statements,
+idle-connection stash, appends and hot reads): ``tracker.store.postgres``. Driver
+errors become typed errors in one place: ``tracker.store.errors.map_db_errors``.
 
 Writes
 ------
@@ -16,22 +19,12 @@ idempotency_key)``, with ``batch_size``); a retry with the same key returns the
 original result with ``replayed=True`` and writes nothing, even when
 ``expected_version`` is stale. All input is validated before anything is written.
 
-*PostgreSQL hot path*: two round trips, both sent as one simple-protocol message
-each (client-side bound, psycopg ``ClientCursor``)::
+The state after each append is cached per session with its version -- a version's
+state never changes -- so the usual "load, decide, append" loop does not re-read
+the projection.
 
-    BEGIN; SELECT … FROM ct_append_events(…)        -- events, INSERT … RETURNING
-    SELECT ct_put_session(…); COMMIT                 -- projection CAS, then commit
-
-(plus ``SELECT version, state FROM sessions`` in the first message when the
-session's state at ``expected_version`` is not cached). Both server functions
-come from migration 0001. A conflict fails the statement (unique_violation /
-CT409), which also skips the COMMIT queued behind it. The state after each append
-is cached per (session, version) -- a version's state never changes -- so the
-usual "load, decide, append" loop does not re-read the projection. Append
-connections stay checked out between calls (autocommit, explicit transactions),
-so the pool's checkout/reset work is skipped too; hot reads (``read_stream``,
-``read_all``, ``load``, ``stream_version``) use them with prepared statements.
-Everything else goes through SQLAlchemy Core.
+*PostgreSQL*: two round trips per append, through ``ct_append_events`` and
+``ct_put_session`` (migration 0001); see ``tracker.store.postgres``.
 
 *SQLite*: ``BEGIN IMMEDIATE`` takes the database's single write lock before the
 version check, so check + insert + projection are atomic; WAL mode, a busy
@@ -96,47 +89,47 @@ from __future__ import annotations
 import json
 import os
 import re
-import threading
-import time
 import weakref
-from collections import OrderedDict
-from datetime import datetime, timezone
-from typing import Any, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from datetime import UTC, datetime
+from typing import Any, Protocol
 
-from sqlalchemy import Text, cast, create_engine, event, func, insert, select, update
+from sqlalchemy import Text, cast, func, insert, select, update
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.sql import Select
 
+from tracker._lru import LRU
 from tracker.core.model import check_session_id
 from tracker.errors import (
     ConcurrencyConflict,
     InvalidInput,
     PayloadTooLarge,
     StoreError,
-    StoreUnavailable,
     TrackerError,
 )
-from tracker.store import migrate
 from tracker.store.base import (
     DEFAULT_MAX_EVENT_BYTES,
     MAX_EVENT_TYPE_LEN,
     MAX_EVENTS_PER_APPEND,
     MAX_IDEMPOTENCY_KEY_LEN,
-    PROJECTION_COLUMNS,
     AppendResult,
     NewEvent,
     Projector,
     StoredEvent,
 )
+from tracker.store.errors import map_db_errors
+from tracker.store.postgres import PgFastPath
 from tracker.store.schema import events as events_t
 from tracker.store.schema import sessions as sessions_t
 
-UTC = timezone.utc
-CONFLICT_SQLSTATE = "CT409"  # raised by ct_put_session: the projection is not at the expected version
-UNIQUE_VIOLATION = "23505"  # ct_append_events: that version or idempotency key is taken
-CONFLICT_SQLSTATES = (CONFLICT_SQLSTATE, UNIQUE_VIOLATION)
+__all__ = ["READ_BATCH", "STATE_CACHE_SIZE", "BeforeCommit", "SqlEventStore"]
+
 READ_BATCH = 2000
 STATE_CACHE_SIZE = 4096
+
+#: ``hook(session_id, positions)``: see ``SqlEventStore.before_commit``.
+BeforeCommit = Callable[[str, tuple[int, ...]], None]
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
@@ -147,176 +140,94 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
-# -- PostgreSQL hot-path statements (fixed text, no SQL compilation per call) ---------------------
+def _run(engine: Engine, what: str, fn: Callable[[Connection], Any]) -> Any:
+    """``fn(conn)`` on a Core connection; typed errors; once more if the pooled connection was dead."""
+    with map_db_errors(what):
+        try:
+            with engine.connect() as conn:
+                return fn(conn)
+        except sa_exc.DBAPIError as exc:
+            if not exc.connection_invalidated:
+                raise
+        with engine.connect() as conn:
+            return fn(conn)
 
-# Appends: client-side bound (psycopg ClientCursor) so that several statements travel in
-# one round trip: "BEGIN; [pre-read;] append" and "projection; COMMIT". A conflict fails
-# the statement (unique_violation from the insert, CT409 from ct_put_session), which
-# also skips the COMMIT queued behind it.
-_PG_PRE_READ = "SELECT version, state::text FROM sessions WHERE session_id = %s::text"
-_PG_APPEND = (
-    "SELECT out_position, out_version, out_recorded_at "
-    "FROM ct_append_events(%s::text, %s::integer, %s::text, %s::text, %s::text)"
+
+_EVENT_COLS = (
+    events_t.c.position,
+    events_t.c.session_id,
+    events_t.c.version,
+    events_t.c.type,
+    events_t.c.data,
+    events_t.c.recorded_at,
+    events_t.c.idempotency_key,
 )
-_PG_BEGIN_APPEND = "BEGIN; " + _PG_APPEND
-_PG_BEGIN_PRE_READ_APPEND = "BEGIN; " + _PG_PRE_READ + "; " + _PG_APPEND
-_PG_PUT_SESSION = (
-    "SELECT ct_put_session(%s::text, %s::integer, %s::integer, %s::text, %s::text, %s::integer, %s::integer, %s::integer)"
-)
-_PG_PUT_SESSION_COMMIT = _PG_PUT_SESSION + "; COMMIT"
-#: idle append connections kept by a store (beyond this they go back to the pool)
-PG_IDLE_APPEND_CONNECTIONS = 8
-# Hot reads on PostgreSQL (server-side bound, prepared by psycopg after a few uses).
-_PG_EVENT_COLS = "position, session_id, version, type, data, recorded_at, idempotency_key"
-_PG_READ_STREAM = (
-    f"SELECT {_PG_EVENT_COLS} FROM events WHERE session_id = %s AND version > %s AND version <= %s "
-    "ORDER BY version LIMIT %s"
-)
-# The watermark and the rows come from the same statement, hence the same snapshot.
-_PG_READ_ALL = (
-    f"SELECT {_PG_EVENT_COLS} FROM events WHERE position > %s "
-    "AND txid < pg_snapshot_xmin(pg_current_snapshot())::text::bigint ORDER BY position LIMIT %s"
-)
-# The same with a session-id prefix filter (``starts_with``: exact, case-sensitive, no LIKE wildcards).
-_PG_READ_ALL_PREFIX = (
-    f"SELECT {_PG_EVENT_COLS} FROM events WHERE position > %s AND starts_with(session_id, %s) "
-    "AND txid < pg_snapshot_xmin(pg_current_snapshot())::text::bigint ORDER BY position LIMIT %s"
-)
-_PG_LOAD = "SELECT version, state::text FROM sessions WHERE session_id = %s"
-_PG_STREAM_VERSION = "SELECT coalesce(max(version), 0) FROM events WHERE session_id = %s"
-_MAX_VERSION = 2**31 - 1
 
 
-# -- errors ----------------------------------------------------------------------------------------
+def _event(row: Any) -> StoredEvent:
+    return StoredEvent(row[0], row[1], row[2], row[3], row[4], row[5], row[6])
 
 
-def _unavailable_types() -> tuple[type[BaseException], ...]:
-    import sqlite3
+class _HotReads(Protocol):
+    """The reads a backend serves its own way (PostgreSQL: ``PgFastPath``; SQLite: ``_CoreReads``)."""
 
-    # sa_exc.TimeoutError: no pooled connection free within pool_timeout (every connection busy,
-    # e.g. many request threads of `tracker serve` at once) -- the database is unavailable to us now.
-    types: list[type[BaseException]] = [
-        sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.TimeoutError, sqlite3.OperationalError,
-    ]
-    try:
-        import psycopg
+    def read_stream_page(self, session_id: str, after: int, to_version: int | None, limit: int) -> list[StoredEvent]: ...
 
-        types += [psycopg.OperationalError, psycopg.InterfaceError]
-    except ImportError:  # pragma: no cover - psycopg is a dependency
-        pass
-    return tuple(types)
+    def read_all(self, after_position: int, limit: int, session_prefix: str | None) -> list[StoredEvent]: ...
+
+    def stream_version(self, session_id: str) -> int: ...
+
+    def projection_state(self, session_id: str) -> tuple[int, str | None] | None: ...
 
 
-_UNAVAILABLE = _unavailable_types()
+class _CoreReads:
+    """The hot reads through SQLAlchemy Core (SQLite)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    def read_stream_page(self, session_id: str, after: int, to_version: int | None, limit: int) -> list[StoredEvent]:
+        e = events_t.c
+        cond = [e.session_id == session_id, e.version > after]
+        if to_version is not None:
+            cond.append(e.version <= to_version)
+        stmt = select(*_EVENT_COLS).where(*cond).order_by(e.version).limit(limit)
+        return [_event(r) for r in _run(self._engine, "read_stream", lambda conn: conn.execute(stmt).all())]
+
+    def read_all(self, after_position: int, limit: int, session_prefix: str | None) -> list[StoredEvent]:
+        e = events_t.c
+        cond = [e.position > after_position]
+        if session_prefix is not None:
+            # substr, not LIKE: SQLite's LIKE is case-insensitive and '_' is a wildcard
+            cond.append(func.substr(e.session_id, 1, len(session_prefix)) == session_prefix)
+        stmt = select(*_EVENT_COLS).where(*cond).order_by(e.position).limit(limit)
+        return [_event(r) for r in _run(self._engine, "read_all", lambda conn: conn.execute(stmt).all())]
+
+    def stream_version(self, session_id: str) -> int:
+        e = events_t.c
+        stmt = select(func.coalesce(func.max(e.version), 0)).where(e.session_id == session_id)
+        return int(_run(self._engine, "stream_version", lambda conn: conn.execute(stmt).scalar_one()))
+
+    def projection_state(self, session_id: str) -> tuple[int, str | None] | None:
+        s = sessions_t.c
+        stmt = select(s.version, cast(s.state, Text)).where(s.session_id == session_id)
+        row = _run(self._engine, "load", lambda conn: conn.execute(stmt).first())
+        return None if row is None else (row[0], row[1])
 
 
-def _db_error_types() -> tuple[type[BaseException], ...]:
-    import sqlite3
-
-    types: list[type[BaseException]] = [sa_exc.SQLAlchemyError, sqlite3.Error]
-    try:
-        import psycopg
-
-        types.append(psycopg.Error)
-    except ImportError:  # pragma: no cover
-        pass
-    return tuple(types)
+def _fold(proj: Projector, state: dict[str, Any], stored: Sequence[StoredEvent]) -> dict[str, Any]:
+    many = getattr(proj, "apply_many", None)
+    if many is not None:
+        return many(state, stored)
+    for ev in stored:
+        state = proj.apply(state, ev)
+    return state
 
 
-_DB_ERRORS = _db_error_types()
-
-
-def _db_error(exc: BaseException, what: str) -> TrackerError:
-    """Map a driver/SQLAlchemy exception to the store's typed errors."""
-    if isinstance(exc, TrackerError):
-        return exc
-    detail = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else exc.__class__.__name__
-    if isinstance(exc, _UNAVAILABLE) or (isinstance(exc, sa_exc.DBAPIError) and exc.connection_invalidated):
-        return StoreUnavailable(f"the database is unavailable ({what}): {detail}", operation=what)
-    return StoreError(f"database error ({what}): {detail}", operation=what)
-
-
-# -- engine ----------------------------------------------------------------------------------------
-
-
-#: A pooled PostgreSQL connection idle for longer than this is pinged before use. (A ping
-#: on every checkout, i.e. ``pool_pre_ping``, costs one round trip per append: ~25%.)
-PG_PING_IDLE_S = 1.0
-
-
-def make_engine(url: str) -> Engine:
-    """An engine configured for the store: psycopg + idle pings on PostgreSQL, WAL + BEGIN IMMEDIATE on SQLite."""
-    url = migrate.normalize_url(url)
-    if url.startswith("sqlite"):
-        if url.rstrip("/") in ("sqlite:", "sqlite:/") or ":memory:" in url or "mode=memory" in url:
-            raise InvalidInput("database_url", "an in-memory SQLite database cannot be used; give a file (sqlite:///path.db)")
-        engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False}, pool_pre_ping=True)
-
-        @event.listens_for(engine, "connect")
-        def _sqlite_connect(dbapi_conn, _record):  # noqa: ANN001
-            dbapi_conn.isolation_level = None  # we issue BEGIN ourselves (below)
-            cur = dbapi_conn.cursor()
-            cur.execute("PRAGMA busy_timeout = 30000")
-            cur.execute("PRAGMA journal_mode = WAL")
-            cur.execute("PRAGMA synchronous = FULL")
-            cur.close()
-
-        @event.listens_for(engine, "begin")
-        def _sqlite_begin(conn: Connection) -> None:
-            conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get("ct_write") else "BEGIN")
-
-        return engine
-    if url.startswith("postgresql"):
-        engine = create_engine(
-            url,
-            pool_size=5,
-            max_overflow=10,
-            pool_recycle=1800,
-            connect_args={"connect_timeout": 5, "application_name": "context-tracker"},
-        )
-        dialect = engine.dialect
-
-        # Pessimistic disconnect handling, like pool_pre_ping, but only for connections
-        # that sat idle: a hot connection is not pinged, and a failure on it is retried
-        # once by the append path (nothing can have been committed) and invalidates the
-        # pool, so the next call reconnects.
-        @event.listens_for(engine, "checkin")
-        def _pg_checkin(_dbapi_conn, record):  # noqa: ANN001
-            record.info["ct_idle_since"] = time.monotonic()
-
-        @event.listens_for(engine, "checkout")
-        def _pg_checkout(dbapi_conn, record, _proxy):  # noqa: ANN001
-            idle_since = record.info.get("ct_idle_since")
-            if idle_since is not None and time.monotonic() - idle_since > PG_PING_IDLE_S:
-                try:
-                    alive = dialect.do_ping(dbapi_conn)
-                except Exception as exc:  # noqa: BLE001 - any failure means "reconnect"
-                    raise sa_exc.DisconnectionError(str(exc)) from exc
-                if not alive:
-                    raise sa_exc.DisconnectionError("ping failed")
-
-        return engine
-    raise InvalidInput("database_url", f"unsupported database URL {url.split(':', 1)[0]!r} (use sqlite:/// or postgresql://)")
-
-
-def open_store(
-    url: str,
-    *,
-    projector: Projector | None = None,
-    check_schema: bool = True,
-    max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
-) -> "SqlEventStore":
-    """Open the event store at ``url``. Refuses a missing/older schema (SchemaOutOfDate) unless check_schema=False."""
-    if not isinstance(max_event_bytes, int) or max_event_bytes <= 0:
-        raise InvalidInput("max_event_bytes", "must be a positive integer")
-    engine = make_engine(url)
-    try:
-        if check_schema:
-            migrate.check_schema(engine)
-    except BaseException:
-        engine.dispose()
-        raise
-    return SqlEventStore(engine, projector=projector, max_event_bytes=max_event_bytes)
+def _columns(proj: Projector, state: dict[str, Any]) -> tuple[Any, Any, Any, int]:
+    """(pressure, revision, occupancy_bp, open_attempts) of the projection row."""
+    cols = proj.columns(state) or {}
+    return (cols.get("pressure"), cols.get("revision"), cols.get("occupancy_bp"), int(cols.get("open_attempts") or 0))
 
 
 # -- the store -------------------------------------------------------------------------------------
@@ -328,26 +239,30 @@ class SqlEventStore:
     def __init__(self, engine: Engine, *, projector: Projector | None = None, max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES):
         self._engine = engine
         self.backend = engine.dialect.name
-        self._pg = self.backend == "postgresql"
         self.projector = projector
         self.max_event_bytes = max_event_bytes
-        self._cache: OrderedDict[str, tuple[int, str]] = OrderedDict()
-        self._cache_lock = threading.Lock()
-        #: Test seam: called as hook(session_id, positions) after everything of an append
-        #: is written and before COMMIT (used to widen race windows in tests).
-        self._before_commit: Callable[[str, tuple[int, ...]], None] | None = None
-        # PostgreSQL append connections, kept checked out between appends (in autocommit
-        # mode, transactions are explicit) to skip the pool's checkout/reset work.
-        self._pg_idle: list[tuple[Any, float]] = []
-        self._pg_idle_lock = threading.Lock()
+        #: session id -> (version, state JSON) of the last state this store wrote or read
+        self._states: LRU[str, tuple[int, str]] = LRU(STATE_CACHE_SIZE)
+        #: Fault-injection seam for tests: called as ``hook(session_id, positions)`` after
+        #: everything of an append is written and before its COMMIT (e.g. to widen race
+        #: windows, or to stop the server mid-transaction). None (the default) in production.
+        self.before_commit: BeforeCommit | None = None
+        # PostgreSQL: the psycopg fast path (appends and hot reads); SQLite: Core throughout.
+        self._pg: PgFastPath | None = PgFastPath(engine) if self.backend == "postgresql" else None
+        self._reads: _HotReads = self._pg if self._pg is not None else _CoreReads(engine)
         ref = weakref.ref(self)
-        os.register_at_fork(after_in_child=lambda: (store := ref()) is not None and store._after_fork())
+
+        def after_fork_in_child() -> None:
+            store = ref()
+            if store is not None:
+                store._after_fork()
+
+        os.register_at_fork(after_in_child=after_fork_in_child)
 
     def _after_fork(self) -> None:
         """In a forked child (e.g. a prefork worker): never touch the parent's connections."""
-        self._pg_idle = []
-        self._pg_idle_lock = threading.Lock()
-        self._cache_lock = threading.Lock()
+        if self._pg is not None:
+            self._pg.after_fork()
         self._engine.dispose(close=False)
 
     @property
@@ -355,67 +270,21 @@ class SqlEventStore:
         return self._engine
 
     def close(self) -> None:
-        with self._pg_idle_lock:
-            idle, self._pg_idle = self._pg_idle, []
-        for raw, _ in idle:
-            self._pg_release(raw)
+        if self._pg is not None:
+            self._pg.close()
         self._engine.dispose()
 
-    # -- PostgreSQL append connections -------------------------------------------------------------
-
-    def _pg_take(self) -> tuple[Any, bool]:
-        """(connection, fresh): an idle append connection, pinged if it sat idle, or a new checkout."""
-        while True:
-            with self._pg_idle_lock:
-                if not self._pg_idle:
-                    break
-                raw, since = self._pg_idle.pop()
-            if time.monotonic() - since <= PG_PING_IDLE_S:
-                return raw, False
-            try:
-                alive = self._engine.dialect.do_ping(raw.driver_connection)
-            except Exception:  # noqa: BLE001
-                alive = False
-            if alive:
-                return raw, True
-            self._pg_discard(raw)
-            self._invalidate_pool()
-        raw = self._engine.raw_connection()  # the checkout pings a connection that sat idle in the pool
-        try:
-            raw.driver_connection.autocommit = True
-        except BaseException:
-            self._pg_discard(raw)
-            raise
-        return raw, True
-
-    def _pg_put(self, raw: Any) -> None:
-        with self._pg_idle_lock:
-            if len(self._pg_idle) < PG_IDLE_APPEND_CONNECTIONS:
-                self._pg_idle.append((raw, time.monotonic()))
-                return
-        self._pg_release(raw)
-
-    @staticmethod
-    def _pg_release(raw: Any) -> None:
-        try:
-            raw.driver_connection.autocommit = False
-            raw.close()
-        except Exception:  # noqa: BLE001 - a broken connection
-            SqlEventStore._pg_discard(raw)
-
-    @staticmethod
-    def _pg_discard(raw: Any) -> None:
-        try:
-            raw.invalidate()
-            raw.close()
-        except Exception:  # noqa: BLE001
-            pass
-
-    def __enter__(self) -> "SqlEventStore":
+    def __enter__(self) -> SqlEventStore:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def _run(self, what: str, fn: Callable[[Connection], Any]) -> Any:
+        return _run(self._engine, what, fn)
+
+    def _rows(self, what: str, stmt: Select[Any]) -> list[Any]:
+        return _run(self._engine, what, lambda conn: conn.execute(stmt).all())
 
     # -- validation ------------------------------------------------------------------------------
 
@@ -469,38 +338,17 @@ class SqlEventStore:
             datas.append(json.loads(text))  # what a reader will get back
         return types, texts, datas
 
-    # -- state cache -----------------------------------------------------------------------------
+    # -- projection cache ------------------------------------------------------------------------
 
     def _cache_get(self, session_id: str, version: int) -> str | None:
-        with self._cache_lock:
-            hit = self._cache.get(session_id)
-            if hit is None or hit[0] != version:
-                return None
-            self._cache.move_to_end(session_id)
-            return hit[1]
+        """The cached state JSON of the session at exactly ``version``, or None."""
+        hit = self._states.get(session_id)
+        return hit[1] if hit is not None and hit[0] == version else None
 
     def _cache_put(self, session_id: str, version: int, state_json: str) -> None:
-        with self._cache_lock:
-            self._cache[session_id] = (version, state_json)
-            self._cache.move_to_end(session_id)
-            while len(self._cache) > STATE_CACHE_SIZE:
-                self._cache.popitem(last=False)
-
-    def _cache_drop(self, session_id: str) -> None:
-        with self._cache_lock:
-            self._cache.pop(session_id, None)
+        self._states.put(session_id, (version, state_json))
 
     # -- projection helpers ----------------------------------------------------------------------
-
-    def _fold(self, state: dict[str, Any], stored: Sequence[StoredEvent], projector: Projector | None = None) -> dict[str, Any]:
-        proj = projector or self.projector
-        assert proj is not None
-        many = getattr(proj, "apply_many", None)
-        if many is not None:
-            return many(state, stored)
-        for ev in stored:
-            state = proj.apply(state, ev)
-        return state
 
     def fold_stream(self, session_id: str, to_version: int | None = None, projector: Projector | None = None) -> tuple[dict[str, Any], int]:
         """Rebuild a session's state from the log alone (streamed). Returns (state, version)."""
@@ -514,42 +362,28 @@ class SqlEventStore:
             batch.append(ev)
             version = ev.version
             if len(batch) >= READ_BATCH:
-                state = self._fold(state, batch, proj)
+                state = _fold(proj, state, batch)
                 batch = []
         if batch:
-            state = self._fold(state, batch, proj)
+            state = _fold(proj, state, batch)
         return state, version
 
-    def _columns(self, state: dict[str, Any]) -> tuple[Any, Any, Any, int]:
-        assert self.projector is not None
-        cols = self.projector.columns(state) or {}
-        return (cols.get("pressure"), cols.get("revision"), cols.get("occupancy_bp"), int(cols.get("open_attempts") or 0))
+    def _base_state(
+        self, proj: Projector, sid: str, expected: int, cached_json: str | None, row: tuple[Any, ...] | None
+    ) -> dict[str, Any]:
+        """The session's state at ``expected``: cached, from its projection ``row`` (version, state JSON)
+        read in the append's transaction, or folded from the log."""
+        if cached_json is not None:
+            return json.loads(cached_json)
+        if row is None:
+            return proj.initial(sid)
+        if row[1] is None:  # appended without a projector so far: rebuild from the log
+            return self.fold_stream(sid, expected)[0]
+        return json.loads(row[1])
 
-    # -- append ----------------------------------------------------------------------------------
-
-    def append(
-        self,
-        session_id: str,
-        expected_version: int,
-        events: Sequence[NewEvent],
-        *,
-        idempotency_key: str | None = None,
-    ) -> AppendResult:
-        types, texts, datas = self._validate(session_id, expected_version, events, idempotency_key)
-        try:
-            if self._pg:
-                return self._append_pg(session_id, expected_version, types, texts, datas, idempotency_key)
-            return self._append_sqlite(session_id, expected_version, types, texts, datas, idempotency_key)
-        except TrackerError as exc:
-            if isinstance(exc, StoreUnavailable):
-                self._cache_drop(session_id)
-            raise
-        except _DB_ERRORS as exc:
-            self._cache_drop(session_id)
-            raise _db_error(exc, "append") from exc
-
+    @staticmethod
     def _new_state(
-        self,
+        proj: Projector,
         base: dict[str, Any],
         session_id: str,
         positions: Sequence[int],
@@ -563,145 +397,69 @@ class SqlEventStore:
             StoredEvent(pos, session_id, first_version + i, types[i], datas[i], recorded_at, key if i == 0 else None)
             for i, pos in enumerate(positions)
         ]
-        return self._fold(base, stored)
+        return _fold(proj, base, stored)
 
-    @staticmethod
-    def _cursor(raw: Any, client_side: bool) -> Any:
-        """A cursor cached on the pooled connection (ClientCursor: several statements per round trip)."""
-        import psycopg
+    # -- append ----------------------------------------------------------------------------------
 
-        conn = raw.driver_connection
-        slot = "ct_ccursor" if client_side else "ct_cursor"
-        cur = raw.info.get(slot)
-        if cur is None or cur.closed or cur.connection is not conn:
-            cur = raw.info[slot] = psycopg.ClientCursor(conn) if client_side else psycopg.Cursor(conn)
-        return cur
-
-    def _pg_query(self, what: str, sql: str, params: tuple[Any, ...], retry: bool = True) -> list[tuple[Any, ...]]:
-        """One autocommit statement on a PostgreSQL connection; typed errors; one retry on a dead connection."""
+    def append(
+        self,
+        session_id: str,
+        expected_version: int,
+        events: Sequence[NewEvent],
+        *,
+        idempotency_key: str | None = None,
+    ) -> AppendResult:
+        types, texts, datas = self._validate(session_id, expected_version, events, idempotency_key)
         try:
-            raw, fresh = self._pg_take()
-        except _DB_ERRORS as exc:
-            raise _db_error(exc, what) from exc
-        try:
-            cur = self._cursor(raw, client_side=False)
-            cur.execute(sql, params)
-            rows = cur.fetchall()
-        except BaseException as exc:
-            self._pg_discard(raw)
-            if isinstance(exc, _UNAVAILABLE):
-                self._invalidate_pool()
-                if retry and not fresh:
-                    return self._pg_query(what, sql, params, retry=False)
-            if isinstance(exc, _DB_ERRORS):
-                raise _db_error(exc, what) from exc
+            with map_db_errors("append"):
+                if self._pg is not None:
+                    return self._append_pg(self._pg, session_id, expected_version, types, texts, datas, idempotency_key)
+                return self._append_sqlite(session_id, expected_version, types, texts, datas, idempotency_key)
+        except StoreError as exc:
+            if not isinstance(exc, ConcurrencyConflict):  # (a conflict leaves every cached version valid)
+                self._states.discard(session_id)
             raise
-        self._pg_put(raw)
-        return rows
-
-    @staticmethod
-    def _pg_event(row: tuple[Any, ...]) -> StoredEvent:
-        return StoredEvent(row[0], row[1], row[2], row[3], row[4], row[5].astimezone(UTC), row[6])
 
     def _append_pg(
-        self, sid: str, expected: int, types: list[str], texts: list[str], datas: list[dict[str, Any]], key: str | None
-    ) -> AppendResult:
-        try:
-            return self._append_pg_once(sid, expected, types, texts, datas, key)
-        except _RetryableDisconnect:
-            # The pooled connection was dead (e.g. the server restarted since its last use)
-            # and nothing was committed: once more on a fresh connection.
-            return self._append_pg_once(sid, expected, types, texts, datas, key, retry=False)
-
-    def _append_pg_once(
         self,
+        pg: PgFastPath,
         sid: str,
         expected: int,
         types: list[str],
         texts: list[str],
         datas: list[dict[str, Any]],
         key: str | None,
-        retry: bool = True,
     ) -> AppendResult:
-        import psycopg
-
         proj = self.projector
-        base_json = self._cache_get(sid, expected) if proj is not None else None
-        pre_read = proj is not None and base_json is None
-        types_json = _dumps(types)
-        data_json = "[" + ",".join(texts) + "]"
-        raw, fresh = self._pg_take()
-        conflict = committing = False
-        try:
-            cur = self._cursor(raw, client_side=True)
-            try:
-                if pre_read:
-                    cur.execute(_PG_BEGIN_PRE_READ_APPEND, (sid, sid, expected, types_json, data_json, key), prepare=False)
-                    cur.nextset()  # -> the pre-read
-                    row = cur.fetchone()
-                    cur.nextset()  # -> the append
-                    if (row[0] if row else 0) != expected:  # e.g. expected_version ahead of the stream
-                        raise _Conflict()
-                else:
-                    cur.execute(_PG_BEGIN_APPEND, (sid, expected, types_json, data_json, key), prepare=False)
-                    cur.nextset()
-                    row = None
-                rows = cur.fetchall()
-                rows.sort(key=lambda r: r[1])
-                positions = tuple(r[0] for r in rows)
-                recorded_at = rows[0][2].astimezone(UTC)
-                last = expected + len(rows)
-                state = state_json = None
-                if proj is not None:
-                    if base_json is not None:
-                        base = json.loads(base_json)
-                    elif row is None:
-                        base = proj.initial(sid)
-                    elif row[1] is None:  # appended without a projector so far: rebuild from the log
-                        base, _ = self.fold_stream(sid, expected)
-                    else:
-                        base = json.loads(row[1])
-                    state = self._new_state(base, sid, positions, expected + 1, types, datas, recorded_at, key)
-                    state_json = _dumps(state)
-                    put = (sid, expected, last, state_json, *self._columns(state))
-                else:
-                    put = (sid, expected, last, None, None, None, None, None)
-                if self._before_commit is None:
-                    committing = True
-                    cur.execute(_PG_PUT_SESSION_COMMIT, put, prepare=False)
-                else:
-                    cur.execute(_PG_PUT_SESSION, put)
-                    self._before_commit(sid, positions)
-                    committing = True
-                    cur.execute("COMMIT")
-            except (psycopg.Error, _Conflict) as exc:
-                if isinstance(exc, psycopg.Error) and exc.sqlstate not in CONFLICT_SQLSTATES:
-                    raise
-                conflict = True
-                cur.execute("ROLLBACK")
-        except BaseException as exc:
-            # Broken, or mid-transaction (e.g. the projector raised): never reuse it. Closing
-            # it makes the server roll back whatever this append had written.
-            self._pg_discard(raw)
-            if isinstance(exc, _UNAVAILABLE):
-                self._invalidate_pool()
-                if retry and not fresh and not committing:
-                    raise _RetryableDisconnect() from exc
-            raise
-        self._pg_put(raw)
-        if conflict:
+        cached_json = self._cache_get(sid, expected) if proj is not None else None
+        state: dict[str, Any] | None = None
+        state_json: str | None = None
+
+        def project(row: tuple[Any, ...] | None, positions: tuple[int, ...], recorded_at: datetime) -> tuple[Any, ...]:
+            nonlocal state, state_json
+            if proj is None:
+                return (None, None, None, None, None)
+            base = self._base_state(proj, sid, expected, cached_json, row)
+            state = self._new_state(proj, base, sid, positions, expected + 1, types, datas, recorded_at, key)
+            state_json = _dumps(state)
+            return (state_json, *_columns(proj, state))
+
+        appended = pg.append(
+            sid,
+            expected,
+            _dumps(types),
+            "[" + ",".join(texts) + "]",
+            key,
+            pre_read=proj is not None and cached_json is None,
+            project=project,
+            before_commit=self.before_commit,
+        )
+        if appended is None:
             return self._resolve_conflict(sid, expected, key)
+        last = expected + len(appended.positions)
         if state_json is not None:
             self._cache_put(sid, last, state_json)
-        return AppendResult(sid, expected + 1, last, positions, False, state)
-
-    def _invalidate_pool(self) -> None:
-        """After a disconnect: make every pooled connection reconnect (or be pinged) before reuse."""
-        pool = self._engine.pool
-        try:
-            pool._invalidate(None)  # type: ignore[attr-defined]  # what SQLAlchemy itself does on a disconnect
-        except Exception:  # noqa: BLE001
-            self._engine.dispose(close=False)
+        return AppendResult(sid, expected + 1, last, appended.positions, False, state)
 
     def _append_sqlite(
         self, sid: str, expected: int, types: list[str], texts: list[str], datas: list[dict[str, Any]], key: str | None
@@ -723,15 +481,7 @@ class SqlEventStore:
                     raise self._conflict_error(sid, expected, actual)
                 base = None
                 if proj is not None:
-                    base_json = self._cache_get(sid, expected)
-                    if base_json is None and row is not None:
-                        base_json = row[1]
-                    if base_json is not None:
-                        base = json.loads(base_json)
-                    elif row is None:
-                        base = proj.initial(sid)
-                    else:
-                        base, _ = self.fold_stream(sid, expected)
+                    base = self._base_state(proj, sid, expected, self._cache_get(sid, expected), row)
                 recorded_at = datetime.now(UTC)
                 params = [
                     {
@@ -751,11 +501,10 @@ class SqlEventStore:
                 last = expected + len(rows)
                 state = state_json = None
                 values: dict[str, Any] = {"version": last, "updated_at": recorded_at, "state": None}
-                if proj is not None:
-                    assert base is not None
-                    state = self._new_state(base, sid, positions, expected + 1, types, datas, recorded_at, key)
+                if proj is not None and base is not None:
+                    state = self._new_state(proj, base, sid, positions, expected + 1, types, datas, recorded_at, key)
                     state_json = _dumps(state)
-                    pressure, revision, occupancy, open_attempts = self._columns(state)
+                    pressure, revision, occupancy, open_attempts = _columns(proj, state)
                     values.update(
                         state=json.loads(state_json),
                         pressure=pressure,
@@ -769,29 +518,28 @@ class SqlEventStore:
                     res = conn.execute(update(sessions_t).where(s.session_id == sid, s.version == expected).values(**values))
                     if res.rowcount != 1:  # cannot happen while we hold the write lock
                         raise self._conflict_error(sid, expected, expected)
-                if self._before_commit is not None:
-                    self._before_commit(sid, positions)
+                if self.before_commit is not None:
+                    self.before_commit(sid, positions)
         if state_json is not None:
             self._cache_put(sid, last, state_json)
         return AppendResult(sid, expected + 1, last, positions, False, state)
 
-    def _conflict_error(self, sid: str, expected: int, actual: int) -> TrackerError:
+    @staticmethod
+    def _conflict_error(sid: str, expected: int, actual: int) -> TrackerError:
         if actual == expected:
             return StoreError(
                 f"session {sid}: the projection row is missing or out of step with the log at version {actual}; "
                 "run `tracker verify`",
                 session_id=sid,
             )
-        exc = ConcurrencyConflict(
+        return ConcurrencyConflict(
             f"session {sid}: expected version {expected}, but the stream is at {actual}",
             session_id=sid,
             expected=expected,
             actual=actual,
         )
-        exc.session_id = sid  # type: ignore[attr-defined]
-        exc.expected = expected  # type: ignore[attr-defined]
-        exc.actual = actual  # type: ignore[attr-defined]
-        return exc
+
+    # -- idempotency -----------------------------------------------------------------------------
 
     def find_idempotent(self, session_id: str, idempotency_key: str) -> AppendResult | None:
         """The result of the earlier append made with this key, or None (lets a caller skip re-deciding)."""
@@ -836,32 +584,6 @@ class SqlEventStore:
 
     # -- reads -----------------------------------------------------------------------------------
 
-    def _run(self, what: str, fn: Callable[[Connection], Any]) -> Any:
-        """``fn(conn)`` on a Core connection; typed errors; once more if the pooled connection was dead."""
-        for attempt in (1, 2):
-            try:
-                with self._engine.connect() as conn:
-                    return fn(conn)
-            except _DB_ERRORS as exc:
-                dead = isinstance(exc, sa_exc.DBAPIError) and exc.connection_invalidated
-                if attempt == 1 and dead:
-                    continue
-                raise _db_error(exc, what) from exc
-
-    @staticmethod
-    def _event(row: Any) -> StoredEvent:
-        return StoredEvent(row[0], row[1], row[2], row[3], row[4], row[5], row[6])
-
-    _EVENT_COLS = (
-        events_t.c.position,
-        events_t.c.session_id,
-        events_t.c.version,
-        events_t.c.type,
-        events_t.c.data,
-        events_t.c.recorded_at,
-        events_t.c.idempotency_key,
-    )
-
     def read_stream(self, session_id: str, from_version: int = 1, to_version: int | None = None) -> Iterator[StoredEvent]:
         """The session's events from ``from_version`` to ``to_version`` (inclusive), fetched in batches."""
         check_session_id(session_id)
@@ -872,30 +594,13 @@ class SqlEventStore:
         return self._read_stream(session_id, from_version, to_version)
 
     def _read_stream(self, session_id: str, from_version: int, to_version: int | None) -> Iterator[StoredEvent]:
-        e = events_t.c
         after = from_version - 1
-        while True:
-            if to_version is not None and after >= to_version:
+        while to_version is None or after < to_version:
+            page = self._reads.read_stream_page(session_id, after, to_version, READ_BATCH)
+            yield from page
+            if len(page) < READ_BATCH:
                 return
-            if self._pg:
-                upto = _MAX_VERSION if to_version is None else to_version
-                rows = self._pg_query("read_stream", _PG_READ_STREAM, (session_id, after, upto, READ_BATCH))
-                for row in rows:
-                    yield self._pg_event(row)
-                if len(rows) < READ_BATCH:
-                    return
-                after = rows[-1][2]
-                continue
-            cond = [e.session_id == session_id, e.version > after]
-            if to_version is not None:
-                cond.append(e.version <= to_version)
-            stmt = select(*self._EVENT_COLS).where(*cond).order_by(e.version).limit(READ_BATCH)
-            rows = self._run("read_stream", lambda conn: conn.execute(stmt).all())
-            for row in rows:
-                yield self._event(row)
-            if len(rows) < READ_BATCH:
-                return
-            after = rows[-1][2]
+            after = page[-1].version
 
     def read_all(self, after_position: int = 0, limit: int = 1000, *, session_prefix: str | None = None) -> list[StoredEvent]:
         """Events with position > after_position in commit-safe order (see the module docstring).
@@ -912,38 +617,16 @@ class SqlEventStore:
             not isinstance(session_prefix, str) or not _SESSION_PREFIX.fullmatch(session_prefix)
         ):
             raise InvalidInput("session_prefix", "must be 1-200 characters of [A-Za-z0-9._:-] or None")
-        if self._pg:
-            if session_prefix is None:
-                rows = self._pg_query("read_all", _PG_READ_ALL, (after_position, limit))
-            else:
-                rows = self._pg_query("read_all", _PG_READ_ALL_PREFIX, (after_position, session_prefix, limit))
-            return [self._pg_event(r) for r in rows]
-        e = events_t.c
-        cond = [e.position > after_position]
-        if session_prefix is not None:
-            # substr, not LIKE: SQLite's LIKE is case-insensitive and '_' is a wildcard
-            cond.append(func.substr(e.session_id, 1, len(session_prefix)) == session_prefix)
-        stmt = select(*self._EVENT_COLS).where(*cond).order_by(e.position).limit(limit)
-        return [self._event(r) for r in self._run("read_all", lambda conn: conn.execute(stmt).all())]
+        return self._reads.read_all(after_position, limit, session_prefix)
 
     def stream_version(self, session_id: str) -> int:
         check_session_id(session_id)
-        if self._pg:
-            return int(self._pg_query("stream_version", _PG_STREAM_VERSION, (session_id,))[0][0])
-        e = events_t.c
-        stmt = select(func.coalesce(func.max(e.version), 0)).where(e.session_id == session_id)
-        return int(self._run("stream_version", lambda conn: conn.execute(stmt).scalar_one()))
+        return self._reads.stream_version(session_id)
 
     def load(self, session_id: str) -> tuple[dict[str, Any] | None, int]:
         """(projection state, version); (None, 0) for an unknown session."""
         check_session_id(session_id)
-        if self._pg:
-            rows = self._pg_query("load", _PG_LOAD, (session_id,))
-            row = rows[0] if rows else None
-        else:
-            s = sessions_t.c
-            stmt = select(s.version, cast(s.state, Text)).where(s.session_id == session_id)
-            row = self._run("load", lambda conn: conn.execute(stmt).first())
+        row = self._reads.projection_state(session_id)
         if row is None:
             return None, 0
         version, text = row
@@ -984,84 +667,30 @@ class SqlEventStore:
             stmt = select(s.session_id).order_by(s.session_id).limit(READ_BATCH)
             if after is not None:
                 stmt = stmt.where(s.session_id > after)
-            ids = self._run("session_ids", lambda conn: list(conn.execute(stmt).scalars()))
+            ids = [row[0] for row in self._rows("session_ids", stmt)]
             yield from ids
             if len(ids) < READ_BATCH:
                 return
             after = ids[-1]
 
-    # -- verification support ----------------------------------------------------------------------
+    # -- verification reads (tracker.store.verify) -----------------------------------------------
 
-    def _log_versions(self) -> Iterator[tuple[str, int]]:
-        """(session_id, last version) for every stream in the log, in id order."""
+    def log_versions(self) -> Iterator[tuple[str, int]]:
+        """(session_id, last version) of every stream in the log, in id order (fetched in batches)."""
         e = events_t.c
         after: str | None = None
         while True:
             stmt = select(e.session_id, func.max(e.version)).group_by(e.session_id).order_by(e.session_id).limit(READ_BATCH)
             if after is not None:
                 stmt = stmt.where(e.session_id > after)
-            rows = self._run("verify", lambda conn: conn.execute(stmt).all())
+            rows = self._rows("verify", stmt)
             yield from ((r[0], int(r[1])) for r in rows)
             if len(rows) < READ_BATCH:
                 return
             after = rows[-1][0]
 
-    def _projection_row(self, session_id: str) -> dict[str, Any] | None:
+    def projection_row(self, session_id: str) -> dict[str, Any] | None:
+        """The session's whole projection row (every column of ``sessions``), or None."""
         stmt = select(sessions_t).where(sessions_t.c.session_id == session_id)
         row = self._run("verify", lambda conn: conn.execute(stmt).first())
         return None if row is None else dict(row._mapping)
-
-
-class _Conflict(Exception):
-    """Internal: the stream is not at the expected version."""
-
-
-class _RetryableDisconnect(Exception):
-    """Internal: an append failed on a dead pooled connection before COMMIT was sent."""
-
-
-# -- verify ----------------------------------------------------------------------------------------
-
-
-def _normal(value: Any) -> Any:
-    return json.loads(_dumps(value))
-
-
-def verify_projections(store: SqlEventStore, projector: Projector) -> list[dict[str, Any]]:
-    """Re-fold every session from the log and compare with its stored projection.
-
-    Returns the differences (empty list = every projection equals the fold), each
-    ``{"session_id", "field", "stored", "expected"}`` where field is ``row`` (a
-    projection row without events or events without a projection row),
-    ``version``, ``state`` or one of the listing columns.
-    """
-    diffs: list[dict[str, Any]] = []
-    log = dict(store._log_versions())
-    projected = set()
-    for sid in store.session_ids():
-        projected.add(sid)
-        if sid not in log:
-            diffs.append({"session_id": sid, "field": "row", "stored": "projection row", "expected": "no events"})
-    for sid, version in log.items():
-        row = store._projection_row(sid)
-        if row is None:
-            diffs.append({"session_id": sid, "field": "row", "stored": None, "expected": f"projection at version {version}"})
-            continue
-        state, folded_version = store.fold_stream(sid, None, projector)
-        if folded_version != version:  # the log moved on while we read it; re-check this one
-            version = folded_version
-            row = store._projection_row(sid) or row
-        expected_state = _normal(state)
-        if row["version"] != version:
-            diffs.append({"session_id": sid, "field": "version", "stored": row["version"], "expected": version})
-            continue  # a newer append raced us, or the row is stale: the rest would only repeat it
-        if row["state"] != expected_state:
-            diffs.append({"session_id": sid, "field": "state", "stored": row["state"], "expected": expected_state})
-        cols = projector.columns(state) or {}
-        for name in PROJECTION_COLUMNS:
-            want = cols.get(name)
-            if name == "open_attempts":
-                want = int(want or 0)
-            if row[name] != want:
-                diffs.append({"session_id": sid, "field": name, "stored": row[name], "expected": want})
-    return diffs

@@ -1,0 +1,72 @@
+"""The documents say what the code does: defaults, the configuration table, links inside the repository."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+from tracker.core.policy import Policy
+from tracker.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _table_rows(text: str, header_first_cell: str) -> list[list[str]]:
+    """Rows of the first markdown table whose header starts with ``header_first_cell``."""
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("|") and line.strip("| ").startswith(header_first_cell):
+            rows = []
+            for row in lines[i + 2:]:
+                if not row.startswith("|"):
+                    break
+                rows.append([c.strip() for c in row.strip().strip("|").split("|")])
+            return rows
+    raise AssertionError(f"no table headed {header_first_cell!r}")
+
+
+def _doc_value(value: object) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def test_behaviour_doc_states_the_policy_defaults_of_the_code():
+    rows = _table_rows((ROOT / "docs" / "behaviour.md").read_text(encoding="utf-8"), "field")
+    documented = {r[0].strip("`"): r[1].split()[0].strip("`") for r in rows}
+    defaults = Policy()
+    assert set(documented) == {f.name for f in dataclasses.fields(Policy)}
+    for name, text in documented.items():
+        assert text == _doc_value(getattr(defaults, name)), name
+
+
+def test_readme_configuration_table_lists_every_setting_with_its_default():
+    rows = _table_rows((ROOT / "README.md").read_text(encoding="utf-8"), "variable")
+    documented = {r[0].strip("`"): r for r in rows}
+    expected = {variable: default for _, variable, default, _ in Settings.variables()}
+    assert set(documented) == set(expected), (
+        f"missing from the README: {sorted(set(expected) - set(documented))}; "
+        f"not settings: {sorted(set(documented) - set(expected))}")
+    for variable, default in expected.items():
+        cell = documented[variable][1].strip("`")
+        want = "none" if default is None else _doc_value(default)
+        assert cell == want or cell.startswith(want), f"{variable}: README says {cell!r}, the code {want!r}"
+
+
+def test_every_variable_name_is_unique_across_sections():
+    names = [variable for _, variable, _, _ in Settings.variables()]
+    assert len(names) == len(set(names))
+
+
+def test_documents_link_only_inside_the_repository():
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "examples").glob("*.md"))]:
+        text = doc.read_text(encoding="utf-8")
+        assert "../shared" not in text and "shared/SPEC" not in text, doc
+        for target in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", text):
+            if target.startswith(("http://", "https://", "mailto:")):
+                continue
+            assert (doc.parent / target).resolve().is_relative_to(ROOT), f"{doc.name} links outside: {target}"
+            assert (doc.parent / target).exists(), f"{doc.name} links to a missing file: {target}"

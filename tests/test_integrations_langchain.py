@@ -1,0 +1,250 @@
+"""The LangChain v1 middleware, in LangChain's own agent loop with its own fake chat model.
+
+Real tracker, real store (SQLite file; Postgres and Redis for the two-process test), real
+counting: nothing of the tracker is mocked. The agent is ``examples/langchain_agent.py``.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("langchain.agents")
+
+from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage  # noqa: E402
+
+from tracker import ContextLimitError, StaleBasis, Tracker  # noqa: E402
+from tracker.integrations import Item, cut_points, default_counter  # noqa: E402
+from tracker.integrations.langchain import revision_of  # noqa: E402
+from tracker.settings import Settings  # noqa: E402
+from tracker.store.migrate import upgrade  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "langchain_agent.py"
+INPUT_LIMIT = 2808  # example-agent-small: 11000 - 8192
+STEP_GROWTH = 400  # one scripted step (a tool call and a file) adds ~262 tokens; a generous bound
+
+
+def load_example():
+    spec = importlib.util.spec_from_file_location("langchain_agent_example", EXAMPLE)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # pydantic resolves the example's annotations through it
+    spec.loader.exec_module(module)
+    return module
+
+
+ex = load_example()
+
+
+@pytest.fixture
+def tracker(tmp_path):
+    models = tmp_path / "models.json"
+    models.write_text(json.dumps(ex.MODELS))
+    url = f"sqlite:///{tmp_path / 'tracker.db'}"
+    upgrade(url)
+    with Tracker.from_settings(Settings.of(database_url=url, models_file=str(models))) as t:
+        yield t
+
+
+def events(tracker, session, *types):
+    return [e for e in tracker.history(session) if not types or e.type in types]
+
+
+def assert_tool_calls_whole(messages):
+    """Every tool result follows the call it answers; every call made before the last turn has its result."""
+    made, answered = [], set()
+    for m in messages:
+        if isinstance(m, AIMessage):
+            made.extend(tc["id"] for tc in m.tool_calls)
+        if isinstance(m, ToolMessage):
+            assert m.tool_call_id in made, f"result {m.tool_call_id} without its call"
+            answered.add(m.tool_call_id)
+    assert set(made) <= answered, f"calls without results: {set(made) - answered}"
+
+
+# -- the agent loop ------------------------------------------------------------------------------
+
+
+def test_context_growing_past_the_compact_level_is_compacted_and_the_next_request_is_smaller(tracker):
+    session = f"lc-{uuid.uuid4().hex[:8]}"
+    report = ex.run(tracker, session, steps=13)
+
+    assert report["answer"].startswith("I read 13 files")
+    kinds = [e.type for e in events(tracker, session, "CompactionStarted", "CompactionCommitted", "CompactionRejected")]
+    assert kinds == ["CompactionStarted", "CompactionCommitted"]
+    (committed,) = events(tracker, session, "CompactionCommitted")
+    before, after = committed.data["tokens_before"], committed.data["tokens_after"]
+    print(f"langchain: tokens_before={before} tokens_after={after} model requests={report['model_requests']}")
+    assert after < before / 2
+
+    # What the model received: the compacted request is exactly what was committed, and the one
+    # before it was the last uncompacted one (one step short of tokens_before, which was never sent).
+    sent = report["model_requests"]
+    k = sent.index(after)
+    assert k > 0 and before - STEP_GROWTH < sent[k - 1] < before
+    assert sent[k - 1] - sent[k] == pytest.approx(before - after, abs=STEP_GROWTH)
+    assert max(sent) < INPUT_LIMIT
+
+    # the agent state holds the compacted history at revision 2; the model always got the
+    # system message, and never a tool call apart from its result
+    assert report["revision"] == 2 and "Files already read" in report["summary"]
+    # the compacted request is counted on a new basis (revision 2) and proceeds
+    measured = [e.data for e in events(tracker, session, "ContextMeasured")]
+    assert any(m["measurement"]["basis"].startswith("r2:") and m["measurement"]["input_tokens"] == after
+               and m["action"] == "proceed" for m in measured)
+
+
+def test_the_model_keeps_the_system_message_and_whole_tool_batches(tracker):
+    summarizer = ex.Summarizer()
+    agent, model = ex.build(tracker, steps=13, summarizer=summarizer, session_id=f"lc-{uuid.uuid4().hex[:8]}")
+    out = agent.invoke({"messages": [HumanMessage("What is wrong?")]})
+    assert summarizer.calls == 1
+    for request in model.requests:
+        assert isinstance(request[0], SystemMessage) and request[0].content == ex.SYSTEM
+        assert_tool_calls_whole(request[1:])
+    assert_tool_calls_whole(out["messages"])
+    assert revision_of(out["messages"]) == 2
+    # the tail was kept verbatim: the newest messages before compaction are still there
+    assert [m.content for m in out["messages"] if isinstance(m, ToolMessage)][-1] == ex.read_file.invoke(
+        {"path": "src/module_12.py"})
+
+
+def test_async_agent_loop_compacts_too(tracker):
+    session = f"lc-{uuid.uuid4().hex[:8]}"
+    summarizer = ex.Summarizer()
+    agent, model = ex.build(tracker, steps=13, summarizer=summarizer)
+    out = asyncio.run(agent.ainvoke({"messages": [HumanMessage("What is wrong?")]},
+                                    config={"configurable": {"thread_id": session}, "recursion_limit": 80}))
+    assert out["messages"][-1].content.startswith("I read 13 files")
+    assert [e.type for e in events(tracker, session, "CompactionStarted", "CompactionCommitted")] == [
+        "CompactionStarted", "CompactionCommitted"]
+    assert summarizer.calls == 1
+
+
+def test_a_failing_summariser_is_rejected_and_the_run_ends_in_context_limit_error(tracker):
+    session = f"lc-{uuid.uuid4().hex[:8]}"
+    summarizer = ex.Summarizer(fail=True)
+    agent, model = ex.build(tracker, steps=16, summarizer=summarizer, session_id=session)
+    with pytest.raises(ContextLimitError) as err:
+        agent.invoke({"messages": [HumanMessage("What is wrong?")]}, config={"recursion_limit": 80})
+    assert err.value.details["input_limit"] == INPUT_LIMIT
+    rejected = events(tracker, session, "CompactionRejected")
+    assert rejected and {e.data["reject_reason"] for e in rejected} == {"summarizer_error"}
+    assert summarizer.calls == len(rejected)
+    assert events(tracker, session, "ContextLimitReached")
+    assert not events(tracker, session, "CompactionCommitted")
+    # the request the tracker refused never reached the model
+    sent = [ex.request_tokens(tracker, r) for r in model.requests]
+    assert max(sent) < INPUT_LIMIT < err.value.details["input_tokens"]
+
+
+def test_an_oversized_summary_is_rejected_as_summary_over_budget(tracker):
+    session = f"lc-{uuid.uuid4().hex[:8]}"
+    calls = []
+
+    def verbose(messages, budget_tokens):
+        calls.append(budget_tokens)
+        return "lease fence " * 3000
+
+    agent, model = ex.build(tracker, steps=16, summarizer=verbose, session_id=session)
+    with pytest.raises(ContextLimitError):
+        agent.invoke({"messages": [HumanMessage("What is wrong?")]}, config={"recursion_limit": 80})
+    rejected = events(tracker, session, "CompactionRejected")
+    assert rejected and {e.data["reject_reason"] for e in rejected} == {"summary_over_budget"}
+    assert calls and all(0 < b < INPUT_LIMIT for b in calls)
+
+
+def test_two_agent_processes_on_one_session_compact_once(pg_url, redis_url, tmp_path):
+    """Two real processes run the same agent on one session (Postgres + Redis): one summary, both adopt it."""
+    upgrade(pg_url)
+    session = f"lc2-{uuid.uuid4().hex[:8]}"
+    start_at = time.time() + 8
+    cmd = [sys.executable, str(EXAMPLE), "--database-url", pg_url, "--redis-url", redis_url, "--share-redis",
+           "--no-upgrade", "--session", session, "--steps", "13", "--summary-delay", "1.0", "--json",
+           "--start-at", str(start_at)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRACKER_")}
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+             for _ in range(2)]
+    outs = [p.communicate(timeout=240) for p in procs]
+    for p, (_out, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, err
+    reports = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
+    print("two processes:", [(r["summarizer_calls"], r["model_requests"]) for r in reports])
+
+    assert all(r["answer"].startswith("I read 13 files") for r in reports)
+    assert sum(r["summarizer_calls"] for r in reports) == 1  # one summary written, in one process
+    with Tracker.from_settings(Settings.of(database_url=pg_url)) as t:
+        started = events(t, session, "CompactionStarted")
+        committed = events(t, session, "CompactionCommitted")
+        assert len(started) == 1 and len(committed) == 1
+        assert not events(t, session, "CompactionRejected", "ContextLimitReached")
+    # both agents carry on from the same summary at revision 2, and neither sent an oversized request
+    assert [r["revision"] for r in reports] == [2, 2]
+    assert reports[0]["summary"] == reports[1]["summary"]
+    assert all(max(r["model_requests"]) < INPUT_LIMIT for r in reports)
+
+
+def test_a_new_conversation_on_a_compacted_session_is_refused_as_stale(tracker):
+    """A session names one conversation: after it compacted, a different history at revision 1 is stale."""
+    session = f"lc-{uuid.uuid4().hex[:8]}"
+    ex.run(tracker, session, steps=13)
+    agent, model = ex.build(tracker, steps=3, summarizer=ex.Summarizer(), session_id=session)
+    with pytest.raises(StaleBasis):
+        agent.invoke({"messages": [HumanMessage("Another question entirely.")]})
+    assert model.requests == []  # nothing was sent
+
+
+def test_the_default_counter_of_a_remote_client_counts_like_the_embedded_tracker(tracker, tmp_path):
+    """Without an embedded counting backend (a TrackerClient), tokens_after is counted in-process
+    over the model registry: the same number the tracker's own counter gives."""
+    request = ex.to_request([HumanMessage("hello there"), AIMessage("hi")], SystemMessage(ex.SYSTEM), [ex.read_file])
+    models = tmp_path / "models.json"
+    models.write_text(json.dumps(ex.MODELS))
+    remote = default_counter(object(), ex.MODEL, models_file=models)
+    embedded = default_counter(tracker, ex.MODEL)
+    assert remote(request) == embedded(request) > 0
+
+
+# -- framework-free parts ------------------------------------------------------------------------
+
+
+def test_cut_points_never_split_a_tool_batch():
+    def it(calls=(), results=(), pinned=False):
+        return Item(({"role": "user", "content": "x"},), frozenset(calls), frozenset(results), pinned)
+
+    items = [it(pinned=True), it(), it(calls={"a", "b"}), it(results={"a"}), it(results={"b"}), it(),
+             it(calls={"c"}), it(results={"c"})]
+    cuts = cut_points(items, keep_last=3)
+    assert cuts and all(c > 1 for c in cuts)  # the pinned system entry is never summarised
+    for end in cuts:
+        made = set().union(*(i.calls for i in items[:end]))
+        assert not made & set().union(*(i.results for i in items[end:]))
+    assert 3 not in cuts and 4 not in cuts and 7 not in cuts  # inside the batches
+    assert cuts[0] == 5  # keep the last three entries: the cut lands just before them
+
+
+def test_the_core_install_does_not_import_the_frameworks():
+    for base in ("tracker", "workers"):
+        for path in (ROOT / base).rglob("*.py"):
+            if "integrations" in path.relative_to(ROOT).parts and path.name != "__init__.py":
+                continue
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                    [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+                for name in names:
+                    assert name.split(".")[0] not in {"langchain", "langchain_core", "langgraph", "pydantic_ai"}, \
+                        f"{path} imports {name}"
+    code = ("import sys, tracker, tracker.service, tracker.integrations; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('langchain', 'langgraph', 'pydantic_ai')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.strip() == "[]"

@@ -1,0 +1,200 @@
+"""The pydantic-ai capability / history processor, in pydantic-ai's own agent loop with ``FunctionModel``.
+
+Real tracker, real store (SQLite file; Postgres and Redis for the two-process test), real
+counting: nothing of the tracker is mocked. The agent is ``examples/pydantic_ai_agent.py``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("pydantic_ai")
+
+from pydantic_ai import Agent  # noqa: E402
+from pydantic_ai.capabilities import ProcessHistory  # noqa: E402
+from pydantic_ai.messages import (  # noqa: E402
+    ModelRequest,
+    SystemPromptPart,
+    ToolCallPart,
+    ToolReturnPart,
+)
+from pydantic_ai.models.function import FunctionModel  # noqa: E402
+
+from tracker import ContextLimitError, Tracker  # noqa: E402
+from tracker.integrations.pydantic_ai import ContextTrackerCapability, revision_of  # noqa: E402
+from tracker.settings import Settings  # noqa: E402
+from tracker.store.migrate import upgrade  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "pydantic_ai_agent.py"
+INPUT_LIMIT = 2808  # example-agent-small: 11000 - 8192
+STEP_GROWTH = 400  # one scripted step (a tool call and a file) adds ~262 tokens; a generous bound
+
+
+def load_example():
+    spec = importlib.util.spec_from_file_location("pydantic_ai_agent_example", EXAMPLE)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+ex = load_example()
+
+
+@pytest.fixture
+def tracker(tmp_path):
+    models = tmp_path / "models.json"
+    models.write_text(json.dumps(ex.MODELS))
+    url = f"sqlite:///{tmp_path / 'tracker.db'}"
+    upgrade(url)
+    with Tracker.from_settings(Settings.of(database_url=url, models_file=str(models))) as t:
+        yield t
+
+
+def events(tracker, session, *types):
+    return [e for e in tracker.history(session) if not types or e.type in types]
+
+
+def assert_tool_calls_whole(messages):
+    made, answered = [], set()
+    for m in messages:
+        for p in m.parts:
+            if isinstance(p, ToolCallPart):
+                made.append(p.tool_call_id)
+            if isinstance(p, ToolReturnPart):
+                assert p.tool_call_id in made, f"result {p.tool_call_id} without its call"
+                answered.add(p.tool_call_id)
+    assert set(made) <= answered, f"calls without results: {set(made) - answered}"
+
+
+def system_parts(messages):
+    return [p.content for m in messages if isinstance(m, ModelRequest) for p in m.parts if isinstance(p, SystemPromptPart)]
+
+
+def test_context_growing_past_the_compact_level_is_compacted_and_the_next_request_is_smaller(tracker):
+    session = f"pai-{uuid.uuid4().hex[:8]}"
+    report = ex.run(tracker, session, steps=13)
+
+    assert report["answer"].startswith("I read 13 files")
+    kinds = [e.type for e in events(tracker, session, "CompactionStarted", "CompactionCommitted", "CompactionRejected")]
+    assert kinds == ["CompactionStarted", "CompactionCommitted"]
+    (committed,) = events(tracker, session, "CompactionCommitted")
+    before, after = committed.data["tokens_before"], committed.data["tokens_after"]
+    print(f"pydantic-ai: tokens_before={before} tokens_after={after} model requests={report['model_requests']}")
+    assert after < before / 2
+
+    sent = report["model_requests"]
+    k = sent.index(after)
+    assert k > 0 and before - STEP_GROWTH < sent[k - 1] < before
+    assert sent[k - 1] - sent[k] == pytest.approx(before - after, abs=STEP_GROWTH)
+    assert max(sent) < INPUT_LIMIT
+    assert report["revision"] == 2 and "Files already read" in report["summary"]
+
+
+def test_the_model_keeps_the_system_prompt_and_whole_tool_batches(tracker):
+    summarizer = ex.Summarizer()
+    agent, script = ex.build(tracker, steps=13, summarizer=summarizer, session_id=f"pai-{uuid.uuid4().hex[:8]}")
+    result = agent.run_sync("What is wrong?")
+    assert summarizer.calls == 1
+    for messages, info in script.requests:
+        assert system_parts(messages) == [ex.SYSTEM]
+        assert [t.name for t in info.function_tools] == ["read_file"]
+        assert_tool_calls_whole(messages)
+    assert revision_of(result.all_messages()) == 2
+    assert system_parts(result.all_messages()) == [ex.SYSTEM]
+
+
+def test_the_session_defaults_to_the_conversation_id(tracker):
+    summarizer = ex.Summarizer()
+    script = ex.Script(13)
+    agent = Agent(FunctionModel(script), system_prompt=ex.SYSTEM, tools=[ex.read_file],
+                  capabilities=[ContextTrackerCapability(tracker, model=ex.MODEL, summarizer=summarizer, keep_last=4)])
+    result = agent.run_sync("What is wrong?", conversation_id="conv-42")
+    assert result.output.startswith("I read 13 files")
+    assert [e.type for e in events(tracker, "conv-42", "CompactionStarted", "CompactionCommitted")] == [
+        "CompactionStarted", "CompactionCommitted"]
+
+
+def test_as_a_history_processor(tracker):
+    """``ProcessHistory(processor)`` (pydantic-ai 2's ``history_processors=``): the messages are observed and compacted."""
+    session = f"pai-{uuid.uuid4().hex[:8]}"
+    summarizer = ex.Summarizer()
+    script = ex.Script(13)
+    processor = ContextTrackerCapability(tracker, model=ex.MODEL, summarizer=summarizer, session_id=session,
+                                         keep_last=4)
+    agent = Agent(FunctionModel(script), system_prompt=ex.SYSTEM, tools=[ex.read_file],
+                  capabilities=[ProcessHistory(processor)])
+    result = agent.run_sync("What is wrong?")
+    assert result.output.startswith("I read 13 files")
+    assert summarizer.calls == 1
+    assert [e.type for e in events(tracker, session, "CompactionStarted", "CompactionCommitted")] == [
+        "CompactionStarted", "CompactionCommitted"]
+    assert revision_of(result.all_messages()) == 2
+
+
+def test_an_async_summariser_runs_on_the_agents_loop(tracker):
+    session = f"pai-{uuid.uuid4().hex[:8]}"
+    seen = []
+
+    async def summarize(messages, budget_tokens):
+        seen.append((len(messages), budget_tokens))
+        return "The user asked what is wrong; several files were read."
+
+    agent, _ = ex.build(tracker, steps=13, summarizer=summarize, session_id=session)
+    assert agent.run_sync("What is wrong?").output.startswith("I read 13 files")
+    assert len(seen) == 1 and seen[0][1] > 0
+    assert len(events(tracker, session, "CompactionCommitted")) == 1
+
+
+def test_a_failing_summariser_is_rejected_and_the_run_ends_in_context_limit_error(tracker):
+    session = f"pai-{uuid.uuid4().hex[:8]}"
+    summarizer = ex.Summarizer(fail=True)
+    agent, script = ex.build(tracker, steps=16, summarizer=summarizer, session_id=session)
+    with pytest.raises(ContextLimitError) as err:
+        agent.run_sync("What is wrong?")
+    assert err.value.details["input_limit"] == INPUT_LIMIT
+    rejected = events(tracker, session, "CompactionRejected")
+    assert rejected and {e.data["reject_reason"] for e in rejected} == {"summarizer_error"}
+    assert summarizer.calls == len(rejected)
+    assert events(tracker, session, "ContextLimitReached")
+    assert not events(tracker, session, "CompactionCommitted")
+    sent = [ex.request_tokens(tracker, m, info) for m, info in script.requests]
+    assert max(sent) < INPUT_LIMIT < err.value.details["input_tokens"]
+
+
+def test_two_agent_processes_on_one_session_compact_once(pg_url, redis_url):
+    """Two real processes run the same agent on one session (Postgres + Redis): one summary, both adopt it."""
+    upgrade(pg_url)
+    session = f"pai2-{uuid.uuid4().hex[:8]}"
+    start_at = time.time() + 8
+    cmd = [sys.executable, str(EXAMPLE), "--database-url", pg_url, "--redis-url", redis_url, "--share-redis",
+           "--no-upgrade", "--session", session, "--steps", "13", "--summary-delay", "1.0", "--json",
+           "--start-at", str(start_at)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRACKER_")}
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+             for _ in range(2)]
+    outs = [p.communicate(timeout=240) for p in procs]
+    for p, (_out, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, err
+    reports = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
+    print("two processes:", [(r["summarizer_calls"], r["model_requests"]) for r in reports])
+
+    assert all(r["answer"].startswith("I read 13 files") for r in reports)
+    assert sum(r["summarizer_calls"] for r in reports) == 1
+    with Tracker.from_settings(Settings.of(database_url=pg_url)) as t:
+        assert len(events(t, session, "CompactionStarted")) == 1
+        assert len(events(t, session, "CompactionCommitted")) == 1
+        assert not events(t, session, "CompactionRejected", "ContextLimitReached")
+    assert [r["revision"] for r in reports] == [2, 2]
+    assert reports[0]["summary"] == reports[1]["summary"]
+    assert all(max(r["model_requests"]) < INPUT_LIMIT for r in reports)

@@ -1,0 +1,348 @@
+"""Clients for a ``tracker serve`` endpoint that behave like an embedded ``Tracker``.
+
+``TrackerClient`` (sync) and ``AsyncTrackerClient`` have the ``Tracker``'s method names,
+arguments, results and typed errors, so agent code switches between embedded and remote by
+construction alone::
+
+    tracker = Tracker.from_settings()                                   # embedded
+    tracker = TrackerClient("http://tracker:8080", api_key=os.environ["TRACKER_KEY"])  # remote
+
+    r = tracker.observe("session-42", request=request, model="gpt-4o", basis="msg-87")
+
+Behaviour on the wire:
+
+* every mutating call carries an ``idempotency_key`` (yours, or one generated for the call)
+  and a retry of that call reuses it, so a retried call gets the original answer and never
+  records twice;
+* connection errors, ``503`` and a ``504`` that is not the tracker's own recorded
+  ``count_timeout`` are retried with exponential backoff (``retries`` times); every other
+  error is raised at once as the same typed error the embedded ``Tracker`` raises;
+* ``wait`` long-polls (at most 30 s per request) until the attempt ends or ``timeout``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from datetime import datetime
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from tracker.core.decide import Decision, Result
+from tracker.core.model import Basis, Measurement
+from tracker.core.state import Attempt, SessionState
+from tracker.errors import CountTimeout, InvalidInput, StoreUnavailable, TrackerError, WaitTimeout, error_from_dict
+from tracker.store.base import StoredEvent
+
+API_PREFIX = "/v1"
+MAX_WAIT_PER_REQUEST_S = 30.0
+RETRY_STATUSES = frozenset({502, 503, 504})
+HISTORY_PAGE = 500
+
+__all__ = ["AsyncTrackerClient", "TrackerClient"]
+
+
+# -- what both clients share: requests as data, answers as the Tracker's types ------------------
+
+
+def _key(idempotency_key: str | None) -> str:
+    return idempotency_key if idempotency_key is not None else uuid.uuid4().hex
+
+
+def _measurement_body(measurement: Measurement | dict[str, Any]) -> dict[str, Any]:
+    if isinstance(measurement, Measurement):
+        data = measurement.to_data()
+        data["basis"] = str(measurement.basis)
+        return {k: v for k, v in data.items() if v is not None}
+    return dict(measurement)
+
+
+def _observe_body(
+    request: Any, measurement: Any, model: str | None, basis: Basis | str | None, compaction_threshold: float | None,
+    scope: str | None, scope_confidence: float | None, overhead_tokens: int | None, idempotency_key: str | None,
+) -> dict[str, Any]:
+    if (request is None) == (measurement is None):
+        raise InvalidInput("request", "give exactly one of request= or measurement=")
+    body: dict[str, Any] = {"idempotency_key": _key(idempotency_key)}
+    if measurement is not None:
+        body["measurement"] = _measurement_body(measurement)
+    else:
+        body.update(request=request, model=model, basis=str(basis) if basis is not None else None)
+    for name, value in (("compaction_threshold", compaction_threshold), ("scope", scope),
+                        ("scope_confidence", scope_confidence), ("overhead_tokens", overhead_tokens)):
+        if value is not None:
+            body[name] = value
+    return body
+
+
+def _result(data: dict[str, Any]) -> Result:
+    return Result(session_id=data["session_id"], version=data["version"], decision=Decision.from_data(data))
+
+
+def _event(data: dict[str, Any]) -> StoredEvent:
+    return StoredEvent(
+        position=data["position"], session_id=data["session_id"], version=data["version"], type=data["type"],
+        data=data["data"], recorded_at=datetime.fromisoformat(data["recorded_at"]),
+        idempotency_key=data.get("idempotency_key"),
+    )
+
+
+def _error(response: httpx.Response) -> TrackerError:
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and "code" in body:
+        return error_from_dict(body)
+    return TrackerError(f"HTTP {response.status_code} from the tracker: {response.text[:200]}",
+                        status=response.status_code)
+
+
+def _retryable(response: httpx.Response) -> bool:
+    if response.status_code not in RETRY_STATUSES:
+        return False
+    if response.status_code == 504:  # the tracker's own count_timeout is a recorded answer, not a glitch
+        try:
+            return response.json().get("code") != CountTimeout.code
+        except ValueError:
+            return True
+    return True
+
+
+def _path(*parts: str) -> str:
+    return API_PREFIX + "".join("/" + quote(p, safe="") for p in parts)
+
+
+class _Base:
+    def __init__(self, base_url: str, api_key: str, *, timeout: float, retries: int, backoff_s: float) -> None:
+        if not isinstance(retries, int) or retries < 0:
+            raise InvalidInput("retries", f"must be an integer >= 0, got {retries!r}")
+        self.base_url = base_url.rstrip("/")
+        self.retries = retries
+        self.backoff_s = backoff_s
+        self.timeout = timeout
+        self._headers = {"Authorization": f"Bearer {api_key}", "User-Agent": "context-tracker-client"}
+
+    def _delay(self, attempt: int) -> float:
+        return random.uniform(0, self.backoff_s * 2 ** attempt)  # full jitter
+
+    @staticmethod
+    def _unavailable(exc: Exception) -> StoreUnavailable:
+        return StoreUnavailable(f"the tracker could not be reached: {type(exc).__name__}: {exc}")
+
+
+class TrackerClient(_Base):
+    """A ``Tracker`` over HTTP (sync). Use as a context manager or call ``close()``."""
+
+    def __init__(self, base_url: str, api_key: str, *, timeout: float = 35.0, retries: int = 3,
+                 backoff_s: float = 0.2, transport: httpx.BaseTransport | None = None) -> None:
+        super().__init__(base_url, api_key, timeout=timeout, retries=retries, backoff_s=backoff_s)
+        self._http = httpx.Client(base_url=self.base_url, headers=self._headers, timeout=timeout, transport=transport)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> TrackerClient:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _call(self, method: str, path: str, *, json: Any = None, params: dict[str, Any] | None = None,
+              ok: tuple[int, ...] = (200, 201)) -> httpx.Response:
+        for attempt in range(self.retries + 1):
+            try:
+                response = self._http.request(method, path, json=json, params=params)
+            except httpx.TransportError as exc:
+                if attempt == self.retries:
+                    raise self._unavailable(exc) from exc
+            else:
+                if response.status_code in ok:
+                    return response
+                if not _retryable(response) or attempt == self.retries:
+                    raise _error(response)
+            time.sleep(self._delay(attempt))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    # -- the Tracker's methods ---------------------------------------------------------------
+    def observe(self, session_id: str, *, request: Any = None, measurement: Measurement | dict[str, Any] | None = None,
+                model: str | None = None, basis: Basis | str | None = None, compaction_threshold: float | None = None,
+                scope: str | None = None, scope_confidence: float | None = None, overhead_tokens: int | None = None,
+                idempotency_key: str | None = None) -> Result:
+        body = _observe_body(request, measurement, model, basis, compaction_threshold, scope, scope_confidence,
+                             overhead_tokens, idempotency_key)
+        return _result(self._call("POST", _path("sessions", session_id, "observe"), json=body).json())
+
+    def request_compaction(self, session_id: str, *, basis: Basis | str | None = None,
+                           overhead_tokens: int | None = None, idempotency_key: str | None = None) -> Attempt:
+        body = {"idempotency_key": _key(idempotency_key), "basis": str(basis) if basis is not None else None,
+                "overhead_tokens": overhead_tokens}
+        return Attempt(**self._call("POST", _path("sessions", session_id, "compactions"), json=body).json())
+
+    def commit(self, session_id: str, attempt_id: str, fencing_token: int, tokens_after: int,
+               idempotency_key: str | None = None) -> SessionState:
+        body = {"fencing_token": fencing_token, "tokens_after": tokens_after, "idempotency_key": _key(idempotency_key)}
+        return SessionState.from_data(
+            self._call("POST", _path("sessions", session_id, "compactions", attempt_id, "commit"), json=body).json())
+
+    def reject(self, session_id: str, attempt_id: str, fencing_token: int, reject_reason: str,
+               idempotency_key: str | None = None) -> SessionState:
+        body = {"fencing_token": fencing_token, "reject_reason": reject_reason,
+                "idempotency_key": _key(idempotency_key)}
+        return SessionState.from_data(
+            self._call("POST", _path("sessions", session_id, "compactions", attempt_id, "reject"), json=body).json())
+
+    def wait(self, session_id: str, attempt_id: str, timeout: float = 30.0) -> str:
+        """Block until the attempt ends: 'committed' or 'rejected:<reason>'. Raises ``WaitTimeout``."""
+        if not isinstance(timeout, (int, float)) or timeout < 0:
+            raise InvalidInput("timeout", f"must be a number >= 0, got {timeout!r}")
+        deadline = time.monotonic() + timeout
+        path = _path("sessions", session_id, "compactions", attempt_id, "wait")
+        while True:
+            left = max(0.0, deadline - time.monotonic())
+            try:
+                data = self._call("GET", path, params={"timeout": min(left, MAX_WAIT_PER_REQUEST_S)}).json()
+                return str(data["outcome"])
+            except WaitTimeout:
+                if time.monotonic() >= deadline:
+                    raise WaitTimeout(f"attempt {attempt_id} still open after {timeout}s", attempt_id=attempt_id) from None
+
+    def state(self, session_id: str) -> SessionState:
+        return SessionState.from_data(self._call("GET", _path("sessions", session_id)).json())
+
+    def history(self, session_id: str, from_version: int = 1) -> Iterator[StoredEvent]:
+        """Every event of the session from ``from_version`` on, fetched page by page."""
+        version = from_version
+        while True:
+            page = self._call("GET", _path("sessions", session_id, "history"),
+                              params={"from_version": version, "limit": HISTORY_PAGE}).json()
+            yield from (_event(e) for e in page["events"])
+            if not page["has_more"]:
+                return
+            version = page["next_from_version"]
+
+    def sessions(self, *, pressure: str | None = None, since: float | None = None,
+                 limit: int = 100) -> Iterator[dict[str, Any]]:
+        """The fleet's sessions (``GET /v1/sessions``), newest activity first, every page."""
+        cursor: str | None = None
+        while True:
+            params: dict[str, Any] = {"limit": limit}
+            for name, value in (("pressure", pressure), ("since", since), ("cursor", cursor)):
+                if value is not None:
+                    params[name] = value
+            page = self._call("GET", _path("sessions"), params=params).json()
+            yield from page["sessions"]
+            cursor = page.get("next_cursor")
+            if not cursor:
+                return
+
+
+class AsyncTrackerClient(_Base):
+    """A ``Tracker`` over HTTP for asyncio code: the same methods, awaited."""
+
+    def __init__(self, base_url: str, api_key: str, *, timeout: float = 35.0, retries: int = 3,
+                 backoff_s: float = 0.2, transport: httpx.AsyncBaseTransport | None = None) -> None:
+        super().__init__(base_url, api_key, timeout=timeout, retries=retries, backoff_s=backoff_s)
+        self._http = httpx.AsyncClient(base_url=self.base_url, headers=self._headers, timeout=timeout,
+                                       transport=transport)
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncTrackerClient:
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
+
+    async def _call(self, method: str, path: str, *, json: Any = None, params: dict[str, Any] | None = None,
+                    ok: tuple[int, ...] = (200, 201)) -> httpx.Response:
+        for attempt in range(self.retries + 1):
+            try:
+                response = await self._http.request(method, path, json=json, params=params)
+            except httpx.TransportError as exc:
+                if attempt == self.retries:
+                    raise self._unavailable(exc) from exc
+            else:
+                if response.status_code in ok:
+                    return response
+                if not _retryable(response) or attempt == self.retries:
+                    raise _error(response)
+            await asyncio.sleep(self._delay(attempt))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def observe(self, session_id: str, *, request: Any = None,
+                      measurement: Measurement | dict[str, Any] | None = None, model: str | None = None,
+                      basis: Basis | str | None = None, compaction_threshold: float | None = None,
+                      scope: str | None = None, scope_confidence: float | None = None,
+                      overhead_tokens: int | None = None, idempotency_key: str | None = None) -> Result:
+        body = _observe_body(request, measurement, model, basis, compaction_threshold, scope, scope_confidence,
+                             overhead_tokens, idempotency_key)
+        return _result((await self._call("POST", _path("sessions", session_id, "observe"), json=body)).json())
+
+    async def request_compaction(self, session_id: str, *, basis: Basis | str | None = None,
+                                 overhead_tokens: int | None = None, idempotency_key: str | None = None) -> Attempt:
+        body = {"idempotency_key": _key(idempotency_key), "basis": str(basis) if basis is not None else None,
+                "overhead_tokens": overhead_tokens}
+        return Attempt(**(await self._call("POST", _path("sessions", session_id, "compactions"), json=body)).json())
+
+    async def commit(self, session_id: str, attempt_id: str, fencing_token: int, tokens_after: int,
+                     idempotency_key: str | None = None) -> SessionState:
+        body = {"fencing_token": fencing_token, "tokens_after": tokens_after, "idempotency_key": _key(idempotency_key)}
+        response = await self._call("POST", _path("sessions", session_id, "compactions", attempt_id, "commit"), json=body)
+        return SessionState.from_data(response.json())
+
+    async def reject(self, session_id: str, attempt_id: str, fencing_token: int, reject_reason: str,
+                     idempotency_key: str | None = None) -> SessionState:
+        body = {"fencing_token": fencing_token, "reject_reason": reject_reason,
+                "idempotency_key": _key(idempotency_key)}
+        response = await self._call("POST", _path("sessions", session_id, "compactions", attempt_id, "reject"), json=body)
+        return SessionState.from_data(response.json())
+
+    async def wait(self, session_id: str, attempt_id: str, timeout: float = 30.0) -> str:
+        if not isinstance(timeout, (int, float)) or timeout < 0:
+            raise InvalidInput("timeout", f"must be a number >= 0, got {timeout!r}")
+        deadline = time.monotonic() + timeout
+        path = _path("sessions", session_id, "compactions", attempt_id, "wait")
+        while True:
+            left = max(0.0, deadline - time.monotonic())
+            try:
+                response = await self._call("GET", path, params={"timeout": min(left, MAX_WAIT_PER_REQUEST_S)})
+                return str(response.json()["outcome"])
+            except WaitTimeout:
+                if time.monotonic() >= deadline:
+                    raise WaitTimeout(f"attempt {attempt_id} still open after {timeout}s", attempt_id=attempt_id) from None
+
+    async def state(self, session_id: str) -> SessionState:
+        return SessionState.from_data((await self._call("GET", _path("sessions", session_id))).json())
+
+    async def history(self, session_id: str, from_version: int = 1) -> AsyncIterator[StoredEvent]:
+        version = from_version
+        while True:
+            page = (await self._call("GET", _path("sessions", session_id, "history"),
+                                     params={"from_version": version, "limit": HISTORY_PAGE})).json()
+            for e in page["events"]:
+                yield _event(e)
+            if not page["has_more"]:
+                return
+            version = page["next_from_version"]
+
+    async def sessions(self, *, pressure: str | None = None, since: float | None = None,
+                       limit: int = 100) -> AsyncIterator[dict[str, Any]]:
+        cursor: str | None = None
+        while True:
+            params: dict[str, Any] = {"limit": limit}
+            for name, value in (("pressure", pressure), ("since", since), ("cursor", cursor)):
+                if value is not None:
+                    params[name] = value
+            page = (await self._call("GET", _path("sessions"), params=params)).json()
+            for s in page["sessions"]:
+                yield s
+            cursor = page.get("next_cursor")
+            if not cursor:
+                return

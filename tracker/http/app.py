@@ -1,0 +1,98 @@
+"""The ASGI app (wiring only: middleware, exception handlers, routers) and ``serve``."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+
+from tracker.errors import TrackerError
+from tracker.http.errors import EXCEPTION_HANDLERS
+from tracker.http.middleware import AuthMiddleware, BodyLimitMiddleware, MetricsMiddleware
+from tracker.http.routes import ROUTERS
+from tracker.http.runtime import MULTIPROC_ENV, Runtime
+from tracker.settings import Settings
+
+log = logging.getLogger("tracker.http")
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("context-tracker")
+    except PackageNotFoundError:  # pragma: no cover - running from a source tree
+        return "0+unknown"
+
+
+@asynccontextmanager
+async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    """Size the request thread pool, connect (and check the schema) if we can; close at shutdown."""
+    import anyio.to_thread
+
+    runtime: Runtime = app.state.runtime
+    anyio.to_thread.current_default_thread_limiter().total_tokens = runtime.settings.api.api_threads
+    try:
+        await anyio.to_thread.run_sync(runtime.fleets)
+    except TrackerError as exc:
+        log.error("not ready yet: %s (%s); /readyz will say when it is", exc.message, exc.code)
+    try:
+        yield
+    finally:
+        runtime.close()
+
+
+def create_app(runtime: Runtime | None = None, settings: Settings | None = None) -> FastAPI:
+    """The ASGI app on ``runtime`` (default: a new one on ``settings``, default ``Settings.load()``).
+
+    Nothing is connected here: the Tracker is built on first need, so the process starts
+    (and /readyz says why) while the database is down or unmigrated.
+    """
+    if runtime is None:
+        runtime = Runtime(settings if settings is not None else Settings.load())
+    app = FastAPI(
+        title="Context Tracker",
+        version=_version(),
+        description="Decide when LLM agents must compact their context; one record for the whole fleet. "
+        "Errors are `{code, error, message, ...}` with a stable `code`; the status table is "
+        "`ERROR_STATUS` in tracker/http/errors.py.",
+        lifespan=lifespan,
+        exception_handlers=EXCEPTION_HANDLERS,
+    )
+    app.state.runtime = runtime
+    for router in ROUTERS:
+        app.include_router(router)
+    # the last added is the outermost: metrics (every request) > auth (before any body is read) > body limit
+    app.add_middleware(BodyLimitMiddleware, max_bytes=runtime.settings.api.max_body_bytes, metrics=runtime.metrics)
+    app.add_middleware(AuthMiddleware, runtime=runtime)
+    app.add_middleware(MetricsMiddleware, metrics=runtime.metrics)
+    return app
+
+
+def serve(host: str = "127.0.0.1", port: int = 8080, workers: int = 1, settings: Settings | None = None, *,
+          log_level: str = "info", access_log: bool = True) -> None:
+    """Run the API on uvicorn; with ``workers > 1``, that many processes (metrics aggregated).
+
+    One process serves an app built on ``settings`` (default ``Settings.load()``). Worker
+    processes are started by uvicorn from the factory and each loads its own ``Settings``
+    from the environment it inherits (the one ``settings`` was read from).
+    """
+    import uvicorn
+
+    common: dict[str, Any] = dict(host=host, port=port, log_level=log_level, access_log=access_log, timeout_graceful_shutdown=5)
+    if workers <= 1:
+        uvicorn.run(create_app(settings=settings), **common)
+        return
+    if not os.environ.get(MULTIPROC_ENV):
+        import atexit
+        import shutil
+        import tempfile
+
+        path = tempfile.mkdtemp(prefix="tracker-metrics-")
+        os.environ[MULTIPROC_ENV] = path  # inherited by the worker processes
+        atexit.register(shutil.rmtree, path, True)
+    uvicorn.run("tracker.http.app:create_app", factory=True, workers=workers, **common)

@@ -1,0 +1,230 @@
+"""Errors over HTTP: the one status table, the error body and the exception handlers.
+
+Every error is JSON ``{"code", "error", "message", ...details}`` (``field`` names the bad
+input where there is one) with a stable ``code``. :data:`ERROR_STATUS` is the one table
+from error class to HTTP status; it is looked up along the exception's MRO, so the most
+specific class listed wins, and anything else is 500 (``internal_error`` when it is not a
+``TrackerError``). The OpenAPI document's error descriptions are generated from it, and so
+is the table in the README: ``python -m tracker.http.errors`` prints it.
+
+Refusals that are decisions are on the record before the caller hears about them
+(:data:`RECORDED_REFUSALS`); every other 4xx writes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from http import HTTPStatus
+from typing import Any
+
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from tracker.errors import (
+    COUNT_ERRORS,
+    AttemptError,
+    ConcurrencyConflict,
+    ContextLimitError,
+    CountError,
+    CountTimeout,
+    InvalidInput,
+    InvalidSessionId,
+    MethodNotAllowed,
+    NotFound,
+    PayloadTooLarge,
+    SchemaOutOfDate,
+    StaleBasis,
+    StoreError,
+    StoreUnavailable,
+    SummaryTooLarge,
+    TrackerError,
+    Unauthorized,
+    UnknownAttempt,
+    UnknownSession,
+    WaitTimeout,
+)
+from tracker.http.schemas import ErrorBody
+
+log = logging.getLogger("tracker.http")
+
+#: THE mapping from error class to HTTP status. The most specific class listed wins.
+ERROR_STATUS: dict[type[TrackerError], int] = {
+    PayloadTooLarge: 413,  # a body over TRACKER_MAX_BODY_BYTES, refused before parsing
+    InvalidInput: 422,  # FastAPI's own validation errors are reshaped into it (invalid_session_id for the path id)
+    ContextLimitError: 409,  # recorded (ContextLimitReached) before the answer
+    StaleBasis: 409,  # recorded (MeasurementRefused)
+    CountTimeout: 504,  # recorded (CountFailed)
+    CountError: 422,  # recorded (CountFailed); a malformed *given* measurement is refused before anything is written
+    UnknownAttempt: 404,
+    AttemptError: 409,  # summary_too_large is recorded as a rejection
+    # 408, not 504: nothing upstream failed. The wait the caller asked for ran out while the attempt
+    # was still open -- a normal outcome of a long poll -- and a 5xx would page whoever watches errors.
+    WaitTimeout: 408,
+    StoreUnavailable: 503,  # nothing was written
+    SchemaOutOfDate: 503,  # run `tracker db upgrade`
+    ConcurrencyConflict: 409,  # retry (with the same idempotency key)
+    UnknownSession: 404,  # also a session of another fleet
+    StoreError: 500,
+    Unauthorized: 401,  # missing, malformed, unknown or revoked key; checked before the body is read
+    NotFound: 404,  # no such route
+    MethodNotAllowed: 405,
+    TrackerError: 500,
+}
+
+#: Refusals that are decisions: recorded in the session's log before the answer (SPEC §6, §7).
+_RECORDED: tuple[type[TrackerError], ...] = (ContextLimitError, StaleBasis, SummaryTooLarge, CountError,
+                                             *COUNT_ERRORS.values())
+RECORDED_REFUSALS: frozenset[str] = frozenset(cls.code for cls in _RECORDED)
+
+
+def status_of(cls: type[BaseException]) -> int:
+    for base in cls.__mro__:
+        if base in ERROR_STATUS:
+            return ERROR_STATUS[base]
+    return 500
+
+
+def status_for(exc: BaseException) -> int:
+    return status_of(type(exc))
+
+
+# -- the table, generated -----------------------------------------------------------------------
+
+
+def _error_classes(cls: type[TrackerError] = TrackerError) -> Iterator[type[TrackerError]]:
+    yield cls
+    for sub in cls.__subclasses__():
+        yield from _error_classes(sub)
+
+
+def codes_by_status() -> dict[int, list[str]]:
+    """Every error ``code`` under the status it is answered with (from ``ERROR_STATUS``)."""
+    table: dict[int, list[str]] = {}
+    for cls in _error_classes():
+        codes = table.setdefault(status_of(cls), [])
+        if cls.code not in codes:
+            codes.append(cls.code)
+    return dict(sorted(table.items()))
+
+
+def describe(status: int) -> str:
+    """The OpenAPI description of an error status: its phrase and the codes it carries."""
+    codes = codes_by_status().get(status, [])
+    return f"{HTTPStatus(status).phrase}: " + ", ".join(f"`{c}`" for c in codes)
+
+
+def responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """The documented error responses of a /v1 route (401, 413, 422 and 503 can happen on every one)."""
+    return {s: {"model": ErrorBody, "description": describe(s)} for s in (401, 413, 422, 503, *statuses)}
+
+
+def markdown_table() -> str:
+    rows = ["| status | `code` |", "|---|---|"]
+    for status, codes in codes_by_status().items():
+        rows.append(f"| {status} | {', '.join(f'`{c}`' for c in codes)} |")
+    return "\n".join(rows)
+
+
+# -- the error body -----------------------------------------------------------------------------
+
+
+def error_body(exc: TrackerError, prefix: str | None = None) -> tuple[int, dict[str, Any]]:
+    """``(status, body)`` of an error; ``prefix`` (the caller's ``"<fleet_id>:"``) is removed from it."""
+    body = exc.to_dict()
+    if prefix:
+        body = _strip(body, prefix)
+    return status_for(exc), json.loads(json.dumps(body, default=str, allow_nan=False))
+
+
+def _strip(value: Any, prefix: str) -> Any:
+    """Remove the caller's fleet prefix from session ids in error bodies."""
+    if isinstance(value, str):
+        return value.replace(prefix, "")
+    if isinstance(value, dict):
+        return {k: _strip(v, prefix) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strip(v, prefix) for v in value]
+    return value
+
+
+def error_response(exc: TrackerError, *, prefix: str | None = None, metrics: Any = None,
+                   headers: dict[str, str] | None = None) -> JSONResponse:
+    """The JSON response for ``exc`` (counted in ``metrics.errors``; 401 says ``WWW-Authenticate: Bearer``)."""
+    status, body = error_body(exc, prefix)
+    if metrics is not None:
+        metrics.errors.labels(exc.code).inc()
+    if status == 401:
+        headers = {**(headers or {}), "WWW-Authenticate": "Bearer"}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+# -- exception handlers -------------------------------------------------------------------------
+
+
+def _answer(request: Request, exc: TrackerError) -> JSONResponse:
+    fleet = getattr(request.state, "fleet_id", None)
+    response = error_response(exc, prefix=fleet + ":" if fleet else None, metrics=request.app.state.runtime.metrics)
+    if response.status_code >= 500:
+        log.warning("%s %s -> %s %s: %s", request.method, request.url.path, response.status_code, exc.code, exc.message)
+    return response
+
+
+async def on_tracker_error(request: Request, exc: TrackerError) -> JSONResponse:
+    return _answer(request, exc)
+
+
+async def on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    """FastAPI's own validation errors, reshaped: ``invalid_session_id`` for the path id, else ``invalid_input``."""
+    errors = []
+    for err in exc.errors():
+        loc = [str(p) for p in err.get("loc", ())]
+        where = loc[1:] if loc and loc[0] in ("body", "path", "query", "header", "cookie") else loc
+        if err.get("type") == "json_invalid":
+            where = []  # loc is ("body", <offset>): the body as a whole
+        errors.append({"field": ".".join(where) or (loc[0] if loc else "body"), "problem": str(err.get("msg", "")),
+                       "type": str(err.get("type", ""))})
+    first = errors[0] if errors else {"field": "body", "problem": "invalid"}
+    error: TrackerError
+    if first["field"] == "session_id":
+        error = InvalidSessionId(first["problem"], errors=errors)
+    else:
+        error = InvalidInput(first["field"], first["problem"], errors=errors)
+    return _answer(request, error)
+
+
+async def on_http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    """Starlette's routing errors as typed errors: no such route, method not allowed, undecodable body."""
+    error: TrackerError
+    if exc.status_code == 404:
+        error = NotFound(f"no route {request.method} {request.url.path}")
+    elif exc.status_code == 405:
+        error = MethodNotAllowed(f"{request.method} is not allowed on {request.url.path}")
+    elif exc.status_code == 400:  # e.g. a body that is not UTF-8
+        error = InvalidInput("body", str(exc.detail))
+    else:
+        body = {"code": f"http_{exc.status_code}", "error": "HTTPException", "message": str(exc.detail)}
+        return JSONResponse(body, status_code=exc.status_code, headers=getattr(exc, "headers", None))
+    return _answer(request, error)
+
+
+async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+    log.exception("unexpected error on %s %s", request.method, request.url.path)
+    request.app.state.runtime.metrics.errors.labels("internal_error").inc()
+    return JSONResponse({"code": "internal_error", "error": type(exc).__name__, "message": "internal error"},
+                        status_code=500)
+
+
+EXCEPTION_HANDLERS: dict[Any, Any] = {
+    TrackerError: on_tracker_error,
+    RequestValidationError: on_validation_error,
+    StarletteHTTPException: on_http_error,
+    Exception: on_unexpected,
+}
+
+
+if __name__ == "__main__":  # pragma: no cover - prints the README's table
+    print(markdown_table())

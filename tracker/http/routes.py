@@ -1,0 +1,218 @@
+"""The endpoints, as routers: probes, sessions, compactions, events.
+
+Commands go through the Tracker (``runtime.commands()``, which also counts what they
+decided); reads go through the read side (:mod:`tracker.queries`). Every ``/v1`` route
+takes the caller's fleet (:func:`authenticate`) and maps session ids in and out of it.
+
+    POST /v1/sessions/{session_id}/observe                          record a measurement, or count a request -> decision
+    POST /v1/sessions/{session_id}/compactions                      open a manual compaction attempt (201)
+    POST /v1/sessions/{session_id}/compactions/{attempt_id}/commit  commit it (tokens_after)
+    POST /v1/sessions/{session_id}/compactions/{attempt_id}/reject  reject it (reject_reason)
+    GET  /v1/sessions/{session_id}/compactions/{attempt_id}/wait    long-poll until it ends (?timeout=, at most 30 s)
+    GET  /v1/sessions/{session_id}                                  the session's state (the fold of its log)
+    GET  /v1/sessions/{session_id}/history                          its events (?from_version=&limit=)
+    GET  /v1/events                                                 the fleet's events in global commit order (?after=&limit=)
+    GET  /healthz                                                   the process is up
+    GET  /readyz                                                    database reachable + schema current (+ Redis if configured)
+    GET  /metrics                                                   Prometheus metrics
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Path, Query, Request, Security
+from fastapi.responses import JSONResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from tracker import queries
+from tracker.errors import InvalidInput, Unauthorized, UnknownSession
+from tracker.http.errors import responses
+from tracker.http.runtime import Caller, Runtime
+from tracker.http.schemas import (
+    API_PREFIX,
+    MAX_POSITION,
+    MAX_SESSION_ID,
+    MAX_VERSION,
+    SESSION_ID_PATTERN,
+    WAIT_MAX_S,
+    AttemptOut,
+    CommitIn,
+    DecisionOut,
+    FeedOut,
+    HealthOut,
+    HistoryOut,
+    ManualIn,
+    ObserveIn,
+    RejectIn,
+    SessionStateOut,
+    WaitOut,
+)
+
+WAIT_POLL_S = 0.1  # how often a long-poll looks at the session again
+
+# -- dependencies -------------------------------------------------------------------------------
+
+bearer = HTTPBearer(auto_error=False, description="a fleet API key (`tracker key create FLEET`)")
+
+
+def get_runtime(request: Request) -> Runtime:
+    return request.app.state.runtime
+
+
+async def authenticate(request: Request, creds: HTTPAuthorizationCredentials | None = Security(bearer)) -> Caller:
+    """The caller's fleet, as ``AuthMiddleware`` established it (``creds`` documents the scheme)."""
+    fleet_id = getattr(request.state, "fleet_id", None)
+    if fleet_id is None:  # pragma: no cover - AuthMiddleware answers 401 first
+        raise Unauthorized("an API key is required: Authorization: Bearer <token>")
+    return Caller(fleet_id)
+
+
+RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
+CallerDep = Annotated[Caller, Depends(authenticate)]
+SessionPath = Path(..., min_length=1, max_length=MAX_SESSION_ID, pattern=SESSION_ID_PATTERN,
+                   description=f"1-{MAX_SESSION_ID} characters of [A-Za-z0-9._:-]")
+AttemptPath = Path(..., min_length=1, max_length=200)
+
+
+def _state_out(caller: Caller, state: Any) -> dict[str, Any]:
+    data = state.to_data()
+    data["session_id"] = caller.external(data["session_id"])
+    return data
+
+
+# -- probes and metrics -------------------------------------------------------------------------
+
+probes = APIRouter(tags=["operations"])
+
+
+@probes.get("/healthz", response_model=HealthOut)
+async def healthz() -> dict[str, Any]:
+    """The process is up (no dependencies checked)."""
+    return {"status": "ok"}
+
+
+@probes.get("/readyz", responses={
+    200: {"description": "ready: every check is ok"},
+    503: {"description": "not ready; `checks` says why", "content": {"application/json": {}}}})
+def readyz(runtime: RuntimeDep) -> JSONResponse:
+    """The database is reachable and its schema current; Redis answers, if configured."""
+    ready, checks = runtime.readiness()
+    return JSONResponse({"status": "ready" if ready else "not_ready", "checks": checks}, status_code=200 if ready else 503)
+
+
+@probes.get("/metrics", response_class=Response,
+            responses={200: {"description": "Prometheus text exposition format", "content": {"text/plain": {}}}})
+async def metrics_endpoint(runtime: RuntimeDep) -> Response:
+    """Prometheus metrics (text exposition format)."""
+    data, content_type = runtime.metrics.render()
+    return Response(content=data, media_type=content_type)
+
+
+# -- sessions -----------------------------------------------------------------------------------
+
+sessions = APIRouter(prefix=f"{API_PREFIX}/sessions", tags=["sessions"])
+
+
+@sessions.post("/{session_id}/observe", response_model=DecisionOut, responses=responses(409, 504))
+def observe(body: ObserveIn, caller: CallerDep, runtime: RuntimeDep, session_id: str = SessionPath) -> dict[str, Any]:
+    """Record a measurement (or count ``request`` for ``model`` over ``basis``) and decide:
+    ``proceed``, ``compact`` (an attempt is opened for you), ``wait``; ``context_limit`` is a 409."""
+    sid = caller.internal(session_id)
+    common = dict(compaction_threshold=body.compaction_threshold, scope=body.scope,
+                  scope_confidence=body.scope_confidence, overhead_tokens=body.overhead_tokens,
+                  idempotency_key=body.idempotency_key)
+    if body.measurement is not None and body.request is None:
+        if body.model is not None or body.basis is not None:
+            raise InvalidInput("measurement", "model and basis belong inside the measurement when one is given")
+        result = runtime.commands().observe(sid, measurement=body.measurement.model_dump(exclude_none=True), **common)
+    else:
+        if body.measurement is not None:
+            raise InvalidInput("request", "give exactly one of request or measurement")
+        result = runtime.commands().observe(sid, request=body.request, model=body.model, basis=body.basis, **common)
+    data = result.to_data()
+    data["session_id"] = session_id
+    return data
+
+
+@sessions.get("/{session_id}", response_model=SessionStateOut, responses=responses(404))
+def session_state(caller: CallerDep, runtime: RuntimeDep, session_id: str = SessionPath) -> dict[str, Any]:
+    """The session's state: the fold of its log (pressure, revision, open attempts, last measurement)."""
+    state = queries.session_state(runtime.store(), caller.internal(session_id))
+    if state.version == 0:
+        raise UnknownSession(f"no session {session_id}", session_id=session_id)
+    return _state_out(caller, state)
+
+
+@sessions.get("/{session_id}/history", response_model=HistoryOut, responses=responses(404))
+def session_history(caller: CallerDep, runtime: RuntimeDep, session_id: str = SessionPath,
+                    from_version: int = Query(1, ge=1, le=MAX_VERSION),
+                    limit: int = Query(100, ge=1, le=1000)) -> dict[str, Any]:
+    """The session's events from ``from_version``, at most ``limit``; page with ``next_from_version``."""
+    page = queries.history_page(runtime.store(), caller.internal(session_id), from_version, limit,
+                                external=caller.external)
+    return {"session_id": session_id, "events": page.events, "next_from_version": page.resume,
+            "has_more": page.has_more}
+
+
+# -- compactions --------------------------------------------------------------------------------
+
+compactions = APIRouter(prefix=f"{API_PREFIX}/sessions/{{session_id}}/compactions", tags=["compactions"])
+
+
+@compactions.post("", response_model=AttemptOut, status_code=201, responses=responses(409))
+def request_compaction(caller: CallerDep, runtime: RuntimeDep, body: ManualIn | None = None,
+                       session_id: str = SessionPath) -> dict[str, Any]:
+    """Open a manual compaction attempt (regardless of pressure; at most one manual attempt open)."""
+    body = body or ManualIn()
+    attempt = runtime.commands().request_compaction(caller.internal(session_id), basis=body.basis,
+                                                    overhead_tokens=body.overhead_tokens,
+                                                    idempotency_key=body.idempotency_key)
+    return attempt.to_data()
+
+
+@compactions.post("/{attempt_id}/commit", response_model=SessionStateOut, responses=responses(404, 409))
+def commit(body: CommitIn, caller: CallerDep, runtime: RuntimeDep, session_id: str = SessionPath,
+           attempt_id: str = AttemptPath) -> dict[str, Any]:
+    """Commit an open attempt you hold (``tokens_after`` = the counted size of the compacted context).
+    ``tokens_after >= input_limit`` is recorded as a rejection and answered 409 ``summary_too_large``."""
+    state = runtime.commands().commit(caller.internal(session_id), attempt_id, body.fencing_token, body.tokens_after,
+                                      idempotency_key=body.idempotency_key)
+    return _state_out(caller, state)
+
+
+@compactions.post("/{attempt_id}/reject", response_model=SessionStateOut, responses=responses(404, 409))
+def reject(body: RejectIn, caller: CallerDep, runtime: RuntimeDep, session_id: str = SessionPath,
+           attempt_id: str = AttemptPath) -> dict[str, Any]:
+    """Reject an open attempt you hold (the compaction failed); its basis is exhausted."""
+    state = runtime.commands().reject(caller.internal(session_id), attempt_id, body.fencing_token, body.reject_reason,
+                                      idempotency_key=body.idempotency_key)
+    return _state_out(caller, state)
+
+
+@compactions.get("/{attempt_id}/wait", response_model=WaitOut, responses=responses(404, 408))
+def wait(caller: CallerDep, runtime: RuntimeDep, session_id: str = SessionPath, attempt_id: str = AttemptPath,
+         timeout: float = Query(10.0, ge=0, le=WAIT_MAX_S, allow_inf_nan=False,
+                                description=f"seconds to wait, at most {WAIT_MAX_S:g}")) -> dict[str, Any]:
+    """Long-poll until the attempt ends (an attempt past its lease is recorded as ``lease_expired``).
+    Still open after ``timeout`` seconds: 408 ``wait_timeout`` -- poll again."""
+    outcome = runtime.commands().wait(caller.internal(session_id), attempt_id, timeout=timeout, poll_s=WAIT_POLL_S)
+    status, _, reason = outcome.partition(":")
+    return {"attempt_id": attempt_id, "outcome": outcome, "status": status, "reject_reason": reason or None}
+
+
+# -- the fleet's feed ---------------------------------------------------------------------------
+
+events = APIRouter(prefix=API_PREFIX, tags=["events"])
+
+
+@events.get("/events", response_model=FeedOut, responses=responses())
+def events_feed(caller: CallerDep, runtime: RuntimeDep, after: int = Query(0, ge=0, le=MAX_POSITION),
+                limit: int = Query(100, ge=1, le=1000)) -> dict[str, Any]:
+    """This fleet's events in global commit order, after position ``after``. Resume with ``next_after``:
+    a reader paging this way never misses an event that commits later with a lower position."""
+    page = queries.feed_page(runtime.store(), after, limit, prefix=caller.prefix, external=caller.external)
+    return {"events": page.events, "next_after": page.resume, "has_more": page.has_more}
+
+
+ROUTERS = (probes, sessions, compactions, events)

@@ -1,0 +1,272 @@
+"""What a server process holds: its settings, the one Tracker, the fleets, metrics, the caller.
+
+:class:`Runtime` builds everything from the process's typed ``Settings`` on first need, so
+the server starts (and ``/readyz`` says why) while the database is down or unmigrated.
+:class:`DomainMetrics` is the one observer of what the commands decided; the routes issue
+commands through :class:`Commands`, which reports to it, and never count anything themselves.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from tracker.core import check_session_id
+from tracker.errors import (
+    ContextLimitError,
+    CountError,
+    InvalidSessionId,
+    InvalidSetting,
+    SummaryTooLarge,
+    TrackerError,
+)
+from tracker.http.errors import error_body
+from tracker.http.schemas import MAX_SESSION_ID
+from tracker.settings import Settings
+
+if TYPE_CHECKING:  # pragma: no cover
+    from tracker.core import Attempt, SessionState
+    from tracker.service import Result, Tracker
+    from tracker.store.base import EventStore
+    from tracker.store.fleets import FleetStore
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client's own variable, not a tracker setting
+
+
+# -- metrics ------------------------------------------------------------------------------------
+
+
+class DomainMetrics:
+    """What the commands decided, counted: decisions, count failures, attempts opened and ended."""
+
+    def __init__(self, registry: Any) -> None:
+        from prometheus_client import Counter
+
+        r = registry
+        self.decisions = Counter("tracker_decisions_total", "Decisions by action", ["action"], registry=r)
+        self.count_failures = Counter("tracker_count_failures_total", "Count failures by kind", ["kind"], registry=r)
+        self.attempts_started = Counter("tracker_attempts_started_total", "Compaction attempts opened", ["reason"], registry=r)
+        self.attempt_outcomes = Counter(
+            "tracker_attempt_outcomes_total", "Compaction attempts ended through the API, by outcome", ["outcome"], registry=r
+        )
+
+    def decided(self, result: Result) -> None:
+        self.decisions.labels(result.action).inc()
+        if result.attempt is not None:
+            self.attempt_opened(result.attempt)
+
+    def attempt_opened(self, attempt: Attempt) -> None:
+        self.attempts_started.labels(attempt.reason).inc()
+
+    def attempt_ended(self, outcome: str) -> None:
+        self.attempt_outcomes.labels(outcome).inc()
+
+    def refused(self, exc: TrackerError) -> None:
+        """A refusal that is a decision (it is on the record): counted like the decision it is."""
+        if isinstance(exc, ContextLimitError):
+            self.decisions.labels("context_limit").inc()
+        elif isinstance(exc, CountError):
+            self.count_failures.labels(exc.kind).inc()
+        elif isinstance(exc, SummaryTooLarge):
+            self.attempt_ended("summary_too_large")
+
+
+class Metrics:
+    """Prometheus metrics on a registry of this app's own (two apps in one process never clash).
+
+    With ``PROMETHEUS_MULTIPROC_DIR`` set (``tracker serve --workers N`` sets it), values go
+    to that directory and ``/metrics`` aggregates every worker process.
+    """
+
+    def __init__(self) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Histogram
+
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.domain = DomainMetrics(r)
+        self.errors = Counter("tracker_http_errors_total", "Error responses by code", ["code"], registry=r)
+        self.requests = Counter("tracker_http_requests_total", "HTTP requests", ["method", "route", "status"], registry=r)
+        self.latency = Histogram(
+            "tracker_http_request_duration_seconds", "HTTP request latency", ["method", "route"], registry=r,
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
+        )
+
+    def render(self) -> tuple[bytes, str]:
+        from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+        path = os.environ.get(MULTIPROC_ENV)
+        if path:
+            from prometheus_client import multiprocess
+
+            registry = CollectorRegistry()
+            multiprocess.MultiProcessCollector(registry, path=path)
+            return generate_latest(registry), CONTENT_TYPE_LATEST
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class Commands:
+    """The Tracker's commands as the routes issue them; each outcome goes to :class:`DomainMetrics`."""
+
+    def __init__(self, tracker: Tracker, observer: DomainMetrics) -> None:
+        self._tracker = tracker
+        self._observer = observer
+
+    def _run(self, command: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except TrackerError as exc:
+            self._observer.refused(exc)
+            raise
+
+    def observe(self, session_id: str, **kwargs: Any) -> Result:
+        result = self._run(self._tracker.observe, session_id, **kwargs)
+        self._observer.decided(result)
+        return result
+
+    def request_compaction(self, session_id: str, **kwargs: Any) -> Attempt:
+        attempt = self._run(self._tracker.request_compaction, session_id, **kwargs)
+        self._observer.attempt_opened(attempt)
+        return attempt
+
+    def commit(self, session_id: str, attempt_id: str, fencing_token: int, tokens_after: int, **kwargs: Any) -> SessionState:
+        state = self._run(self._tracker.commit, session_id, attempt_id, fencing_token, tokens_after, **kwargs)
+        self._observer.attempt_ended("committed")
+        return state
+
+    def reject(self, session_id: str, attempt_id: str, fencing_token: int, reject_reason: str,
+               **kwargs: Any) -> SessionState:
+        state = self._run(self._tracker.reject, session_id, attempt_id, fencing_token, reject_reason, **kwargs)
+        self._observer.attempt_ended("rejected")
+        return state
+
+    def wait(self, session_id: str, attempt_id: str, **kwargs: Any) -> str:
+        return self._tracker.wait(session_id, attempt_id, **kwargs)
+
+
+# -- the caller ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Caller:
+    """The authenticated fleet. Its sessions are stored as ``"<fleet_id>:<session_id>"``."""
+
+    fleet_id: str
+
+    @property
+    def prefix(self) -> str:
+        return self.fleet_id + ":"
+
+    def internal(self, session_id: str) -> str:
+        if len(session_id) > MAX_SESSION_ID:
+            raise InvalidSessionId(f"must be at most {MAX_SESSION_ID} characters over HTTP, got {len(session_id)}")
+        return check_session_id(f"{self.prefix}{session_id}")
+
+    def external(self, session_id: str) -> str:
+        return session_id[len(self.prefix):] if session_id.startswith(self.prefix) else session_id
+
+
+# -- the runtime --------------------------------------------------------------------------------
+
+
+class Runtime:
+    """Settings, the one Tracker (built on first need), the fleets, Redis for /readyz, metrics.
+
+    ``tracker`` may be given (embedding, tests); it is then the caller's to close.
+    """
+
+    def __init__(self, settings: Settings, *, tracker: Tracker | None = None) -> None:
+        self.settings = settings
+        self.metrics = Metrics()
+        self._tracker = tracker
+        self._owned = tracker is None
+        self._commands: Commands | None = None
+        self._fleets: FleetStore | None = None
+        self._redis: Any = None
+        self._lock = threading.Lock()
+
+    def tracker(self) -> Tracker:
+        t = self._tracker
+        if t is None:
+            with self._lock:
+                if self._tracker is None:
+                    from tracker.service import Tracker
+
+                    self._tracker = Tracker.from_settings(self.settings)
+                t = self._tracker
+        return t
+
+    def commands(self) -> Commands:
+        c = self._commands
+        if c is None:
+            c = self._commands = Commands(self.tracker(), self.metrics.domain)
+        return c
+
+    def store(self) -> EventStore:
+        """The event store, for the read side (``tracker.queries``)."""
+        return self.tracker().store
+
+    def fleets(self) -> FleetStore:
+        f = self._fleets
+        if f is None:
+            engine = self.tracker().store.engine
+            with self._lock:
+                if self._fleets is None:
+                    from tracker.store.fleets import FleetStore
+
+                    self._fleets = FleetStore(engine, cache_s=self.settings.api.api_key_cache_s)
+                f = self._fleets
+        return f
+
+    def fleets_if_ready(self) -> FleetStore | None:
+        return self._fleets
+
+    # -- readiness --------------------------------------------------------------------------
+    def readiness(self) -> tuple[bool, dict[str, Any]]:
+        """``(ready, checks)``: the database reachable with its schema current; Redis answering, if configured."""
+        from tracker.store import check_schema, head_revision
+
+        checks: dict[str, Any] = {}
+        ready = True
+        try:
+            check_schema(self.tracker().store.engine)
+            checks["database"] = {"status": "ok", "schema": head_revision()}
+        except TrackerError as exc:
+            ready = False
+            checks["database"] = {"status": "error", **error_body(exc)[1]}
+        if self.settings.coordination.redis_url:
+            try:
+                self._redis_client().ping()
+                checks["redis"] = {"status": "ok"}
+            except Exception as exc:  # noqa: BLE001 - any failure means "not ready"
+                ready = False
+                checks["redis"] = {"status": "error", "code": "redis_unavailable",
+                                   "message": f"{type(exc).__name__}: {exc}"[:300]}
+        else:
+            checks["redis"] = {"status": "not_configured"}
+        return ready, checks
+
+    def _redis_client(self) -> Any:
+        if self._redis is None:
+            with self._lock:
+                if self._redis is None:
+                    import redis
+
+                    url = self.settings.coordination.redis_url
+                    if url is None:
+                        raise InvalidSetting("TRACKER_REDIS_URL", "is not set: there is no Redis to check")
+                    self._redis = redis.Redis.from_url(url,
+                                                       socket_timeout=1.0, socket_connect_timeout=1.0)
+        return self._redis
+
+    def close(self) -> None:
+        if self._owned and self._tracker is not None:
+            self._tracker.close()
+            self._tracker = None
+            self._commands = None
+        if self._redis is not None:
+            try:
+                self._redis.close()
+            except Exception:  # noqa: BLE001  # pragma: no cover - closing a broken client
+                pass

@@ -1,0 +1,165 @@
+"""The wire format: request models, response models and the limits of the HTTP API.
+
+Requests are pydantic models of their own (they are the API's contract, strict and
+``extra="forbid"``). Responses are **views** of the core's dataclasses: ``AttemptOut`` has
+exactly the fields of :class:`~tracker.core.Attempt`, ``DecisionOut`` those of
+:class:`~tracker.core.Decision`, ``SessionStateOut`` those of
+:class:`~tracker.core.SessionState`, ``EventOut`` those of
+:class:`~tracker.store.StoredEvent`. Only the fields whose JSON form differs from their
+Python type (a frozenset sent as a list, a datetime as ISO text) are spelled here, so a
+field added to the core shows up in the API and its OpenAPI document by itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, create_model
+
+from tracker.core import Attempt, Decision, SessionState
+from tracker.core.model import Quality
+from tracker.core.state import LastMeasurement
+from tracker.store import StoredEvent
+from tracker.store.fleets import FLEET_ID_LEN
+
+API_PREFIX = "/v1"
+WAIT_MAX_S = 30.0
+MAX_INTERNAL_SESSION_ID = 200
+MAX_SESSION_ID = MAX_INTERNAL_SESSION_ID - FLEET_ID_LEN - 1  # 189: "<fleet_id>:" is added on the way in
+SESSION_ID_PATTERN = rf"^[A-Za-z0-9._:-]{{1,{MAX_SESSION_ID}}}$"
+JSON_SAFE_INT = 2**53 - 1
+MAX_POSITION = 2**63 - 1
+MAX_VERSION = 2**31 - 1
+
+
+# -- requests -----------------------------------------------------------------------------------
+
+
+class _In(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelRefIn(_In):
+    provider: str = Field("unknown", min_length=1, max_length=100)
+    name: str = Field(..., min_length=1, max_length=200)
+
+
+class MeasurementIn(_In):
+    """A count you made yourself (SPEC §2)."""
+
+    basis: str = Field(..., min_length=1, max_length=220, description="`r<revision>:<through>`, or a bare `through` at the current revision")
+    input_tokens: int = Field(..., strict=True, ge=0, le=JSON_SAFE_INT)
+    input_limit: int = Field(..., strict=True, gt=0, le=JSON_SAFE_INT)
+    model: ModelRefIn | str | None = Field(None, description="{provider, name} or a name")
+    fingerprint: str | None = Field(None, pattern=r"^[0-9a-f]{64}$", description="SHA-256 hex of the counted request")
+    quality: Quality = "exact_local"
+
+
+class ObserveIn(_In):
+    """Exactly one of ``measurement``, or ``request`` + ``model`` + ``basis`` (counted by the tracker)."""
+
+    measurement: MeasurementIn | None = None
+    request: dict[str, Any] | None = Field(None, description="the complete LLM request (system, messages, tools) to count")
+    model: str | None = Field(None, min_length=1, max_length=200, description="model name from the registry (with request)")
+    basis: str | None = Field(None, min_length=1, max_length=220, description="what the request covers (with request)")
+    compaction_threshold: float | None = Field(None, allow_inf_nan=False, description="per-request threshold; may only lower it")
+    scope: str | None = Field(None, max_length=100)
+    scope_confidence: float | None = Field(None, allow_inf_nan=False)
+    overhead_tokens: int | None = Field(None, strict=True, ge=0, le=JSON_SAFE_INT)
+    idempotency_key: str | None = Field(None, min_length=1, max_length=200)
+
+
+class ManualIn(_In):
+    basis: str | None = Field(None, min_length=1, max_length=220)
+    overhead_tokens: int | None = Field(None, strict=True, ge=0, le=JSON_SAFE_INT)
+    idempotency_key: str | None = Field(None, min_length=1, max_length=200)
+
+
+class CommitIn(_In):
+    fencing_token: int = Field(..., strict=True, ge=-JSON_SAFE_INT, le=JSON_SAFE_INT)
+    tokens_after: int = Field(..., strict=True, ge=0, le=JSON_SAFE_INT)
+    idempotency_key: str | None = Field(None, min_length=1, max_length=200)
+
+
+class RejectIn(_In):
+    fencing_token: int = Field(..., strict=True, ge=-JSON_SAFE_INT, le=JSON_SAFE_INT)
+    reject_reason: str = Field(..., min_length=1, max_length=200)
+    idempotency_key: str | None = Field(None, min_length=1, max_length=200)
+
+
+# -- responses: views of the core's dataclasses -------------------------------------------------
+
+
+def view(name: str, source: type, doc: str, /, **wire: Any) -> type[BaseModel]:
+    """A response model with the fields of the dataclass ``source``, every one required.
+
+    ``wire`` gives a field's JSON type where it differs from the Python one (a type, or a
+    ``(type, Field(...))`` pair); names that are not fields of ``source`` are added before them.
+    """
+    hints = typing.get_type_hints(source)
+    names = [f.name for f in dataclasses.fields(source)]
+    fields: dict[str, Any] = {}
+    for field in [n for n in wire if n not in names] + names:
+        spec = wire.get(field, hints.get(field))
+        fields[field] = spec if isinstance(spec, tuple) else (spec, ...)
+    return create_model(name, __doc__=doc, **fields)
+
+
+AttemptOut = view("AttemptOut", Attempt, "A compaction attempt (open, or as it was opened).")
+
+DecisionOut = view(
+    "DecisionOut", Decision, "The decision on one measurement (``Result.to_data()``).",
+    session_id=str,
+    version=int,
+    attempt=(AttemptOut | None, Field(None, description="the attempt opened for this caller (action compact)")),
+    waiting_on=(AttemptOut | None, Field(None, description="the open automatic attempt (action wait)")),
+)
+
+LastMeasurementOut = view("LastMeasurementOut", LastMeasurement, "The session's last recorded measurement.")
+
+SessionStateOut = view(
+    "SessionStateOut", SessionState, "The session's state: the fold of its log (``SessionState.to_data()``).",
+    policy=dict[str, Any] | None,
+    exhausted=list[str],
+    open_attempts=list[AttemptOut],  # type: ignore[valid-type]  # a model built at import time by view()
+    last=LastMeasurementOut | None,
+    recent_outcomes=list[list[str]],
+)
+
+EventOut = view("EventOut", StoredEvent, "One recorded event (``tracker.queries.event_to_dict``).", recorded_at=str)
+
+
+class HistoryOut(BaseModel):
+    session_id: str
+    events: list[EventOut]  # type: ignore[valid-type]
+    next_from_version: int = Field(..., description="from_version for the next page")
+    has_more: bool
+
+
+class FeedOut(BaseModel):
+    events: list[EventOut]  # type: ignore[valid-type]
+    next_after: int = Field(..., description="`after` for the next page: the last position returned (resumable)")
+    has_more: bool
+
+
+class WaitOut(BaseModel):
+    attempt_id: str
+    outcome: str = Field(..., description="`committed` or `rejected:<reason>`")
+    status: Literal["committed", "rejected"]
+    reject_reason: str | None
+
+
+class ErrorBody(BaseModel):
+    """Every error: a stable ``code``, the error class, a message, and details (``field`` names bad input)."""
+
+    model_config = ConfigDict(extra="allow")
+    code: str
+    error: str
+    message: str
+    field: str | None = None
+
+
+class HealthOut(BaseModel):
+    status: str

@@ -1,0 +1,287 @@
+"""LangChain v1: ``ContextTrackerMiddleware`` for ``create_agent(..., middleware=[...])``.
+
+::
+
+    from tracker import Tracker
+    from tracker.integrations.langchain import ContextTrackerMiddleware
+
+    tracker = Tracker.from_settings()
+    agent = create_agent(model, tools, middleware=[ContextTrackerMiddleware(tracker, model="gpt-4o")])
+    agent.invoke({"messages": [...]}, config={"configurable": {"thread_id": "session-42"}})
+
+Before every model call (``wrap_model_call``) the complete request — system message, the
+messages and the bound tools — is observed on the session (``session_id=``, else the run's
+``thread_id``). On ``compact`` the older history is summarised by ``summarizer`` (a chat model,
+or a callable ``(messages, budget_tokens) -> str``; default: the agent's own model), the model
+is called with the compacted history, and the agent state's messages are replaced
+(``RemoveMessage(REMOVE_ALL_MESSAGES)`` then the compacted history, as LangChain's own
+``SummarizationMiddleware`` does); the summary is a ``HumanMessage`` whose
+``additional_kwargs["context_tracker"]["revision"]`` is the history's new revision. On ``wait`` it
+waits, on ``ContextLimitError`` it raises to the caller of ``invoke``; see
+:mod:`tracker.integrations._compaction` for the whole protocol.
+
+Put it last in ``middleware=[...]`` (innermost) so it observes exactly what reaches the model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import inspect
+import json
+import os
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from langchain.agents.middleware.types import (
+    AgentMiddleware,
+    ExtendedModelResponse,
+    ModelRequest,
+    ModelResponse,
+)
+from langchain_core.messages import (
+    AIMessage,
+    AnyMessage,
+    BaseMessage,
+    HumanMessage,
+    RemoveMessage,
+    SystemMessage,
+    ToolMessage,
+    get_buffer_string,
+)
+from langchain_core.utils.function_calling import convert_to_openai_tool
+from langgraph.graph.message import REMOVE_ALL_MESSAGES
+from langgraph.types import Command
+
+from tracker.errors import InvalidInput
+from tracker.integrations._compaction import (
+    MARKER,
+    SUMMARY_PREFIX,
+    ContextGuard,
+    Item,
+    Outcome,
+    SummaryShare,
+    View,
+    summary_prompt,
+)
+from tracker.protocol import TrackerProtocol
+
+__all__ = ["ContextTrackerMiddleware", "message_item", "summary_message", "to_request"]
+
+Summarizer = Any  # a BaseChatModel / Runnable, or Callable[[list[BaseMessage], int], str | Awaitable[str]]
+
+
+# -- LangChain messages → the tracker's request shape ------------------------------------------
+
+
+def _block(block: Any, role: str) -> dict[str, Any] | None:
+    if isinstance(block, str):
+        return {"type": "text", "text": block}
+    if not isinstance(block, dict):
+        return {"type": "text", "text": str(block)}
+    kind = block.get("type")
+    if kind == "text":
+        return {"type": "text", "text": str(block.get("text", ""))}
+    if kind == "image_url":
+        return {"type": "image_url", "image_url": block.get("image_url")}
+    if kind == "image":  # LangChain v1 standard block: url or base64 data
+        if block.get("url"):
+            return {"type": "image", "source": {"type": "url", "url": block["url"]}}
+        data = block.get("base64") or block.get("data")
+        if data:
+            return {"type": "image", "source": {"type": "base64", "media_type": block.get("mime_type", "image/png"),
+                                                "data": data}}
+    if kind in ("tool_call", "tool_use", "function_call") and role == "assistant":
+        return None  # the message's tool_calls carry these
+    # anything else (reasoning, files, provider blocks) counts as its JSON text: conservative
+    return {"type": "text", "text": json.dumps(block, sort_keys=True, default=str)}
+
+
+def _content(content: Any, role: str) -> Any:
+    if content is None or isinstance(content, str):
+        return content or ""
+    parts = [p for p in (_block(b, role) for b in content) if p is not None]
+    return parts
+
+
+def _call_id(call: Any, index: int) -> str:
+    if call.get("id"):
+        return str(call["id"])
+    raw = json.dumps([call.get("name"), call.get("args")], sort_keys=True, default=str)
+    return f"call-{index}-{hashlib.sha256(raw.encode()).hexdigest()[:12]}"
+
+
+def message_item(m: BaseMessage, *, pinned: bool = False) -> Item:
+    """One LangChain message as the tracker's request message(s), with the tool calls it makes/answers."""
+    if isinstance(m, SystemMessage):
+        return Item(({"role": "system", "content": _content(m.content, "system")},), pinned=pinned)
+    if isinstance(m, ToolMessage):
+        msg: dict[str, Any] = {"role": "tool", "tool_call_id": str(m.tool_call_id), "content": _content(m.content, "tool")}
+        if getattr(m, "status", None) == "error":
+            msg["is_error"] = True
+        return Item((msg,), results=frozenset({str(m.tool_call_id)}))
+    if isinstance(m, AIMessage):
+        msg = {"role": "assistant", "content": _content(m.content, "assistant")}
+        calls = []
+        for i, tc in enumerate(m.tool_calls or []):
+            calls.append({"id": _call_id(tc, i), "type": "function",
+                          "function": {"name": tc["name"], "arguments": json.dumps(tc.get("args") or {}, sort_keys=True,
+                                                                                  default=str)}})
+        if calls:
+            msg["tool_calls"] = calls
+        return Item((msg,), calls=frozenset(str(c["id"]) for c in calls))
+    role = "user" if isinstance(m, HumanMessage) else {"ai": "assistant", "system": "system"}.get(m.type, "user")
+    return Item(({"role": role, "content": _content(m.content, role)},))
+
+
+def _tool(t: Any) -> dict[str, Any]:
+    if isinstance(t, dict) and (isinstance(t.get("function"), dict) or "input_schema" in t or "parameters" in t):
+        return t
+    return convert_to_openai_tool(t)
+
+
+def revision_of(messages: Sequence[BaseMessage]) -> int:
+    """The history's revision: the one written on its newest summary message, else 1."""
+    for m in reversed(messages):
+        mark = (getattr(m, "additional_kwargs", None) or {}).get(MARKER)
+        if isinstance(mark, dict) and isinstance(mark.get("revision"), int):
+            return mark["revision"]
+    return 1
+
+
+def view_of(messages: Sequence[BaseMessage], system: BaseMessage | None = None, tools: Sequence[Any] = ()) -> View:
+    items = []
+    leading = True
+    for m in messages:
+        leading = leading and isinstance(m, SystemMessage)
+        items.append(message_item(m, pinned=leading))
+    sys = _content(system.content, "system") if system is not None else None
+    return View(system=sys, items=tuple(items), tools=tuple(_tool(t) for t in tools), revision=revision_of(messages))
+
+
+def to_request(messages: Sequence[BaseMessage], system: BaseMessage | None = None,
+               tools: Sequence[Any] = ()) -> dict[str, Any]:
+    """The complete request (tracker shape) LangChain sends for these messages, system message and tools."""
+    return view_of(messages, system, tools).request()
+
+
+def summary_message(text: str, revision: int) -> HumanMessage:
+    """The message a summary becomes in the agent state."""
+    return HumanMessage(content=SUMMARY_PREFIX + text, additional_kwargs={MARKER: {"revision": revision}})
+
+
+# -- the middleware ------------------------------------------------------------------------------
+
+
+class ContextTrackerMiddleware(AgentMiddleware):
+    """Observe every model call with the tracker; compact, wait or stop as it decides.
+
+    ``tracker``: an embedded ``Tracker`` or a ``TrackerClient``; ``model``: the tracker's
+    registry name of the agent's model. ``summarizer``: a chat model, or a callable
+    ``(messages, budget_tokens) -> str`` (may be async); default the agent's own model.
+    ``keep_last``: entries always kept verbatim at the end (moved so a tool call and its
+    results stay together). ``share``: where a compaction is published for other processes on
+    the same session (:class:`~tracker.integrations.RedisShare` across machines); default
+    in-process. ``count_tokens``: how ``tokens_after`` is counted (default: the tracker's own
+    counter, see :func:`~tracker.integrations.default_counter`).
+    """
+
+    def __init__(
+        self,
+        tracker: TrackerProtocol,
+        *,
+        model: str,
+        summarizer: Summarizer | None = None,
+        session_id: str | None = None,
+        keep_last: int = 6,
+        share: SummaryShare | None = None,
+        count_tokens: Callable[[dict[str, Any]], int] | None = None,
+        wait_timeout_s: float = 30.0,
+        models_file: str | os.PathLike[str] | None = None,
+    ) -> None:
+        super().__init__()
+        self.guard = ContextGuard(tracker, model=model, keep_last=keep_last, count_tokens=count_tokens, share=share,
+                                  wait_timeout_s=wait_timeout_s, models_file=models_file)
+        self.summarizer = summarizer
+        self.session_id = session_id
+
+    @property
+    def name(self) -> str:
+        return "ContextTrackerMiddleware"
+
+    # -- hooks -------------------------------------------------------------------------------
+    def wrap_model_call(self, request: ModelRequest, handler: Callable[[ModelRequest], ModelResponse]) -> Any:
+        new_messages = self._settle(request, loop=None)
+        if new_messages is None:
+            return handler(request)
+        return _replacing(handler(request.override(messages=new_messages)), new_messages)
+
+    async def awrap_model_call(
+        self, request: ModelRequest, handler: Callable[[ModelRequest], Awaitable[ModelResponse]]
+    ) -> Any:
+        loop = asyncio.get_running_loop()
+        new_messages = await asyncio.to_thread(self._settle, request, loop)  # the tracker's calls block
+        if new_messages is None:
+            return await handler(request)
+        return _replacing(await handler(request.override(messages=new_messages)), new_messages)
+
+    # -- work ------------------------------------------------------------------------------
+    def _session(self, request: ModelRequest) -> str:
+        if self.session_id:
+            return self.session_id
+        info = getattr(getattr(request, "runtime", None), "execution_info", None)
+        thread_id = getattr(info, "thread_id", None)
+        if not thread_id:
+            try:
+                from langgraph.config import get_config
+
+                thread_id = (get_config().get("configurable") or {}).get("thread_id")
+            except RuntimeError:
+                thread_id = None
+        if not thread_id:
+            raise InvalidInput("session_id", "no thread_id in the run's config: pass session_id= to the middleware "
+                                             "or config={'configurable': {'thread_id': ...}} to invoke")
+        return str(thread_id)
+
+    def _settle(self, request: ModelRequest, loop: asyncio.AbstractEventLoop | None) -> list[AnyMessage] | None:
+        """Observe (and compact / wait / adopt); the new history when it changed, else None."""
+        messages = list(request.messages)
+        view = view_of(messages, request.system_message, request.tools)
+
+        def summarize(start: int, end: int, budget: int) -> str:
+            return self._summarize(messages[start:end], budget, request, loop)
+
+        out: Outcome = self.guard.before_call(self._session(request), view, summarize)
+        if not out.replacements:
+            return None
+        for rep in out.replacements:  # each refers to the history as the one before left it
+            messages = messages[: rep.start] + [summary_message(rep.summary, rep.revision)] + messages[rep.end:]
+        return messages
+
+    def _summarize(self, messages: list[AnyMessage], budget: int, request: ModelRequest,
+                   loop: asyncio.AbstractEventLoop | None) -> str:
+        summarizer = self.summarizer if self.summarizer is not None else request.model
+        if hasattr(summarizer, "invoke"):  # a chat model or any Runnable
+            reply = summarizer.invoke([HumanMessage(content=summary_prompt(get_buffer_string(messages), budget))])
+            return reply if isinstance(reply, str) else str(reply.text)
+        result = summarizer(messages, budget)  # type: ignore[operator]
+        if inspect.isawaitable(result):
+            if loop is not None:  # run it on the agent's own loop, which is awaiting this thread
+                return asyncio.run_coroutine_threadsafe(_awaited(result), loop).result()
+            return asyncio.run(_awaited(result))
+        return str(result)
+
+
+async def _awaited(value: Awaitable[str]) -> str:
+    return await value
+
+
+def _replacing(response: Any, new_messages: list[AnyMessage]) -> ExtendedModelResponse:
+    """The model's response, plus a state update replacing the history with the compacted one."""
+    if isinstance(response, AIMessage):
+        response = ModelResponse(result=[response])
+    return ExtendedModelResponse(
+        model_response=response,
+        command=Command(update={"messages": [RemoveMessage(id=REMOVE_ALL_MESSAGES), *new_messages,
+                                             *response.result]}),
+    )

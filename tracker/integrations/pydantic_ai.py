@@ -1,0 +1,280 @@
+"""pydantic-ai: ``ContextTrackerCapability``, a capability that is also a history processor.
+
+::
+
+    from tracker import Tracker
+    from tracker.integrations.pydantic_ai import ContextTrackerCapability
+
+    tracker = Tracker.from_settings()
+    agent = Agent(model, capabilities=[ContextTrackerCapability(tracker, model="gpt-4o")])
+
+As a capability (``capabilities=[...]``) its ``before_model_request`` hook sees the complete
+request — system prompt parts, the instructions, the history and the tool definitions — and
+observes it on the session (``session_id=``, else the run's ``conversation_id``). The same
+object is a history processor ``(ctx, messages) -> messages``: pydantic-ai 2 takes it as
+``capabilities=[ProcessHistory(processor)]`` (1.x: ``history_processors=[processor]``); a
+history processor is not shown the tools or the instructions, so only the messages are
+counted that way — prefer the capability.
+
+On ``compact`` the older messages are summarised by ``summarizer`` (a callable
+``(messages, budget_tokens) -> str``, sync or async, or a pydantic-ai ``Agent``; default the
+run's own model) and replaced, in the request and in the run's history (``ctx.messages``), by
+one ``ModelRequest`` carrying the system prompt parts and the summary, whose
+``metadata["context_tracker"]["revision"]`` is the history's new revision. On ``wait`` it waits;
+``ContextLimitError`` propagates to the caller of ``agent.run``. See
+:mod:`tracker.integrations._compaction` for the whole protocol.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import inspect
+import json
+import os
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from pydantic_ai import RunContext
+from pydantic_ai.capabilities import AbstractCapability
+from pydantic_ai.messages import (
+    BinaryContent,
+    ImageUrl,
+    ModelMessage,
+    ModelRequest,
+    ModelResponse,
+    RetryPromptPart,
+    SystemPromptPart,
+    TextPart,
+    ToolCallPart,
+    ToolReturnPart,
+    UserPromptPart,
+)
+
+from tracker.errors import InvalidInput
+from tracker.integrations._compaction import (
+    MARKER,
+    SUMMARY_PREFIX,
+    ContextGuard,
+    Item,
+    SummaryShare,
+    View,
+    summary_prompt,
+)
+from tracker.protocol import TrackerProtocol
+
+__all__ = ["ContextTrackerCapability", "message_item", "summary_message", "to_request"]
+
+
+# -- pydantic-ai messages → the tracker's request shape ----------------------------------------
+
+
+def _user_content(content: Any) -> Any:
+    if isinstance(content, str):
+        return content
+    parts: list[dict[str, Any]] = []
+    for c in content:
+        if isinstance(c, str):
+            parts.append({"type": "text", "text": c})
+        elif isinstance(c, ImageUrl):
+            parts.append({"type": "image", "source": {"type": "url", "url": c.url}})
+        elif isinstance(c, BinaryContent) and c.is_image:
+            parts.append({"type": "image", "source": {"type": "base64", "media_type": c.media_type,
+                                                      "data": base64.b64encode(c.data).decode()}})
+        else:  # documents, audio, video, cache points: counted as their description (conservative)
+            parts.append({"type": "text", "text": repr(c)})
+    return parts
+
+
+# Parts that record changes of instructions, tools or settings: what they record is counted from the
+# request parameters (instruction parts, tool definitions), not from the history.
+_BOOKKEEPING_PARTS = frozenset({"InstructionDeltaPart", "InstructionBaselinePart", "ToolAvailabilityDeltaPart",
+                                "CapabilityLoadDeltaPart", "ModelSettingsDeltaPart"})
+
+
+def message_item(m: ModelMessage) -> Item:
+    """One pydantic-ai message as the tracker's request message(s); system prompt parts are left out
+    (they are the request's ``system``)."""
+    if isinstance(m, ModelResponse):
+        content: list[dict[str, Any]] = []
+        calls: set[str] = set()
+        for rp in m.parts:
+            if isinstance(rp, TextPart):
+                content.append({"type": "text", "text": rp.content})
+            elif isinstance(rp, ToolCallPart):
+                content.append({"type": "tool_call", "id": rp.tool_call_id, "name": rp.tool_name,
+                                "arguments": rp.args_as_dict()})
+                calls.add(rp.tool_call_id)
+            else:  # thinking, native tool calls and returns, files: their content as JSON text (conservative)
+                content.append({"type": "text", "text": json.dumps(getattr(rp, "content", repr(rp)), default=str)})
+        return Item(({"role": "assistant", "content": content},), calls=frozenset(calls))
+    out: list[dict[str, Any]] = []
+    results: set[str] = set()
+    for p in m.parts:
+        if isinstance(p, SystemPromptPart) or type(p).__name__ in _BOOKKEEPING_PARTS:
+            continue
+        if isinstance(p, UserPromptPart):
+            out.append({"role": "user", "content": _user_content(p.content)})
+        elif isinstance(p, RetryPromptPart):
+            if p.tool_name is not None:
+                out.append({"role": "tool", "tool_call_id": p.tool_call_id, "content": p.model_response(),
+                            "is_error": True})
+                results.add(p.tool_call_id)
+            else:
+                out.append({"role": "user", "content": p.model_response()})
+        elif isinstance(p, ToolReturnPart) or (hasattr(p, "tool_call_id") and hasattr(p, "model_response_str")):
+            call_id = str(getattr(p, "tool_call_id"))  # noqa: B009 - duck-typed tool returns
+            out.append({"role": "tool", "tool_call_id": call_id, "content": getattr(p, "model_response_str")()})  # noqa: B009
+            results.add(call_id)
+        elif hasattr(p, "model_response"):  # feedback about an unusable response
+            out.append({"role": "user", "content": str(getattr(p, "model_response")())})  # noqa: B009
+        else:
+            text = getattr(p, "content", None)
+            out.append({"role": "user", "content": text if isinstance(text, str) else repr(p)})
+    return Item(tuple(out), results=frozenset(results))
+
+
+def _system(messages: Sequence[ModelMessage], instructions: Sequence[str]) -> list[dict[str, Any]]:
+    parts = [{"type": "text", "text": p.content} for m in messages if isinstance(m, ModelRequest)
+             for p in m.parts if isinstance(p, SystemPromptPart)]
+    return parts + [{"type": "text", "text": text} for text in instructions if text]
+
+
+def _tool(t: Any) -> dict[str, Any]:
+    return {"name": t.name, "description": t.description or "", "input_schema": t.parameters_json_schema}
+
+
+def revision_of(messages: Sequence[ModelMessage]) -> int:
+    """The history's revision: the one written on its newest summary message, else 1."""
+    for m in reversed(messages):
+        mark = (getattr(m, "metadata", None) or {}).get(MARKER)
+        if isinstance(mark, dict) and isinstance(mark.get("revision"), int):
+            return mark["revision"]
+    return 1
+
+
+def view_of(messages: Sequence[ModelMessage], instructions: Sequence[str] = (), tools: Sequence[Any] = ()) -> View:
+    return View(system=_system(messages, instructions) or None, items=tuple(message_item(m) for m in messages),
+                tools=tuple(_tool(t) for t in tools), revision=revision_of(messages))
+
+
+def to_request(messages: Sequence[ModelMessage], instructions: Sequence[str] = (),
+               tools: Sequence[Any] = ()) -> dict[str, Any]:
+    """The complete request (tracker shape): messages, instruction texts and ``ToolDefinition`` s."""
+    return view_of(messages, instructions, tools).request()
+
+
+def summary_message(text: str, revision: int, system_parts: Sequence[SystemPromptPart] = ()) -> ModelRequest:
+    """The message a summary becomes: the system prompt parts it displaced, then the summary."""
+    return ModelRequest(parts=[*system_parts, UserPromptPart(SUMMARY_PREFIX + text)],
+                        metadata={MARKER: {"revision": revision}})
+
+
+def _transcript(messages: Sequence[ModelMessage]) -> str:
+    lines = []
+    for m in messages:
+        for d in message_item(m).messages:
+            content = d.get("content")
+            text = content if isinstance(content, str) else json.dumps(content, default=str)
+            lines.append(f"{d['role']}: {text}")
+    return "\n".join(lines)
+
+
+# -- the capability / history processor --------------------------------------------------------
+
+
+class ContextTrackerCapability(AbstractCapability[Any]):
+    """Observe every model request with the tracker; compact, wait or stop as it decides.
+
+    ``tracker``: an embedded ``Tracker`` or a ``TrackerClient``; ``model``: the tracker's
+    registry name of the agent's model. ``summarizer``: a callable ``(messages, budget_tokens)
+    -> str`` (sync or async) or a pydantic-ai ``Agent``; default the run's own model.
+    ``keep_last``, ``share``, ``count_tokens``: as for :class:`~tracker.integrations._compaction.ContextGuard`.
+    """
+
+    def __init__(
+        self,
+        tracker: TrackerProtocol,
+        *,
+        model: str,
+        summarizer: Any = None,
+        session_id: str | None = None,
+        keep_last: int = 6,
+        share: SummaryShare | None = None,
+        count_tokens: Callable[[dict[str, Any]], int] | None = None,
+        wait_timeout_s: float = 30.0,
+        models_file: str | os.PathLike[str] | None = None,
+    ) -> None:
+        self.guard = ContextGuard(tracker, model=model, keep_last=keep_last, count_tokens=count_tokens, share=share,
+                                  wait_timeout_s=wait_timeout_s, models_file=models_file)
+        self.summarizer = summarizer
+        self.session_id = session_id
+
+    @classmethod
+    def get_serialization_name(cls) -> str | None:
+        return None  # holds a tracker: not spec-serializable
+
+    # -- as a capability ---------------------------------------------------------------------
+    async def before_model_request(self, ctx: RunContext[Any], request_context: Any) -> Any:
+        params = request_context.model_request_parameters
+        instructions = [p.content for p in (params.instruction_parts or [])]
+        tools = [*params.function_tools, *params.output_tools]
+        new = await self._process(ctx, list(request_context.messages), instructions, tools, request_context.model)
+        if new is not None:
+            request_context.messages = list(new)
+            ctx.messages[:] = new
+        return request_context
+
+    # -- as a history processor ----------------------------------------------------------------
+    async def __call__(self, ctx: RunContext[Any], messages: list[ModelMessage]) -> list[ModelMessage]:
+        new = await self._process(ctx, list(messages), (), (), ctx.model)
+        return messages if new is None else new
+
+    # -- work ------------------------------------------------------------------------------
+    def _session(self, ctx: RunContext[Any]) -> str:
+        session = self.session_id or getattr(ctx, "conversation_id", None) or getattr(ctx, "run_id", None)
+        if not session:
+            raise InvalidInput("session_id", "the run has no conversation_id: pass session_id= to the capability")
+        return str(session)
+
+    async def _process(self, ctx: RunContext[Any], messages: list[ModelMessage], instructions: Sequence[str],
+                       tools: Sequence[Any], model: Any) -> list[ModelMessage] | None:
+        loop = asyncio.get_running_loop()
+        session = self._session(ctx)
+        view = view_of(messages, instructions, tools)
+
+        def summarize(start: int, end: int, budget: int) -> str:
+            return self._summarize(messages[start:end], budget, model, loop)
+
+        out = await asyncio.to_thread(self.guard.before_call, session, view, summarize)  # the tracker's calls block
+        if not out.replacements:
+            return None
+        for rep in out.replacements:  # each refers to the history as the one before left it
+            span = messages[rep.start:rep.end]
+            system_parts = [p for m in span if isinstance(m, ModelRequest) for p in m.parts
+                            if isinstance(p, SystemPromptPart)]
+            messages = messages[: rep.start] + [summary_message(rep.summary, rep.revision, system_parts)] \
+                + messages[rep.end:]
+        return messages
+
+    def _summarize(self, messages: list[ModelMessage], budget: int, model: Any,
+                   loop: asyncio.AbstractEventLoop) -> str:
+        """Runs in a worker thread; anything async runs on the agent's own loop, which awaits this thread."""
+        summarizer = self.summarizer
+        prompt = summary_prompt(_transcript(messages), budget)
+        if summarizer is None:
+            from pydantic_ai.direct import model_request
+
+            reply = asyncio.run_coroutine_threadsafe(
+                model_request(model, [ModelRequest(parts=[UserPromptPart(prompt)])]), loop).result()
+            return "".join(p.content for p in reply.parts if isinstance(p, TextPart))
+        if hasattr(summarizer, "run") and hasattr(summarizer, "run_sync"):  # a pydantic-ai Agent
+            return str(asyncio.run_coroutine_threadsafe(summarizer.run(prompt), loop).result().output)
+        result = summarizer(messages, budget)
+        if inspect.isawaitable(result):
+            return asyncio.run_coroutine_threadsafe(_awaited(result), loop).result()
+        return str(result)
+
+
+async def _awaited(value: Awaitable[str]) -> str:
+    return await value

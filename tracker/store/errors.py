@@ -1,0 +1,72 @@
+"""The one place where database driver errors become the tracker's typed errors.
+
+    with map_db_errors("append"):
+        ...  # SQLAlchemy, sqlite3 or psycopg calls
+
+Inside the block, a driver or SQLAlchemy exception is re-raised as
+``StoreUnavailable`` when the database cannot be reached (connection lost or
+refused, server stopped, ``database is locked`` beyond the busy timeout, no pooled
+connection free in time), else as ``StoreError``; the original stays as
+``__cause__``. The tracker's own errors pass through unchanged. (The shape is
+httpx's ``map_httpcore_exceptions``.) The event store, its PostgreSQL fast path, the
+fleet store and the migrations all use it, so "unavailable" means the same
+everywhere.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import psycopg
+from sqlalchemy import exc as sa_exc
+
+from tracker.errors import StoreError, StoreUnavailable, TrackerError
+
+__all__ = ["DB_ERRORS", "is_unavailable", "map_db_errors", "to_store_error"]
+
+#: Errors meaning "the database cannot be reached now". ``sa_exc.TimeoutError``: no pooled
+#: connection free within pool_timeout (every connection busy, e.g. many request threads of
+#: ``tracker serve`` at once) -- the database is unavailable to us now.
+_UNAVAILABLE: tuple[type[BaseException], ...] = (
+    sa_exc.OperationalError,
+    sa_exc.InterfaceError,
+    sa_exc.TimeoutError,
+    sqlite3.OperationalError,
+    psycopg.OperationalError,
+    psycopg.InterfaceError,
+)
+
+#: Every exception a database call can raise that ``map_db_errors`` translates.
+DB_ERRORS: tuple[type[BaseException], ...] = (sa_exc.SQLAlchemyError, sqlite3.Error, psycopg.Error)
+
+
+def is_unavailable(exc: BaseException) -> bool:
+    """True if the driver/SQLAlchemy error ``exc`` means the database cannot be reached
+    (rather than that it refused a statement)."""
+    if isinstance(exc, _UNAVAILABLE):
+        return True
+    return isinstance(exc, sa_exc.DBAPIError) and exc.connection_invalidated
+
+
+def to_store_error(exc: BaseException, what: str) -> TrackerError:
+    """The typed error for a driver/SQLAlchemy exception raised during ``what``."""
+    if isinstance(exc, TrackerError):
+        return exc
+    text = str(exc).strip()
+    detail = text.splitlines()[0][:300] if text else exc.__class__.__name__
+    if is_unavailable(exc):
+        return StoreUnavailable(f"the database is unavailable ({what}): {detail}", operation=what)
+    return StoreError(f"database error ({what}): {detail}", operation=what)
+
+
+@contextmanager
+def map_db_errors(what: str) -> Iterator[None]:
+    """Re-raise database errors of the block as ``StoreUnavailable`` / ``StoreError`` (see the module doc)."""
+    try:
+        yield
+    except TrackerError:
+        raise
+    except DB_ERRORS as exc:
+        raise to_store_error(exc, what) from exc

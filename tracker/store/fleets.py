@@ -1,0 +1,195 @@
+"""Fleets and their API keys (the HTTP API's tenants).
+
+A **fleet** is a group of agents sharing sessions; every session belongs to one
+fleet. Its API keys are sent as ``Authorization: Bearer <token>``.
+
+Tokens look like ``ctk_<key_id>_<secret>``: ``key_id`` (12 hex characters) is
+public and names the key (``tracker key list`` / ``revoke``), ``secret`` is 32
+random bytes (``secrets.token_urlsafe``). Only ``SHA-256(token)`` is stored; a
+token is checked by looking up its ``key_id`` and comparing the hashes with
+``hmac.compare_digest``. A token is shown once, when it is created.
+
+Tables: ``fleets`` and ``api_keys`` in ``tracker.store.schema`` (migration
+``0002_fleets``); database errors go through ``tracker.store.errors.map_db_errors``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import secrets
+import threading
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import exc as sa_exc
+from sqlalchemy import insert, select, update
+
+from tracker.errors import FleetExists, InvalidInput, StoreError, UnknownFleet, UnknownKey
+from tracker.store.errors import map_db_errors
+from tracker.store.schema import api_keys, fleets
+
+__all__ = ["FLEET_ID_LEN", "KEY_ID_LEN", "TOKEN_PREFIX", "FleetStore", "hash_token"]
+
+FLEET_ID_LEN = 10
+KEY_ID_LEN = 12
+TOKEN_PREFIX = "ctk_"
+_FLEET_NAME = re.compile(r"[A-Za-z0-9._-]{1,100}")
+_KEY_ID = re.compile(r"[0-9a-f]{12}")
+_TOKEN = re.compile(r"ctk_([0-9a-f]{12})_([A-Za-z0-9_-]{20,100})")
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+class FleetStore:
+    """Fleets and keys on the event store's database (any SQLAlchemy engine of it).
+
+    ``authenticate`` caches a *valid* key for ``cache_s`` seconds (default 1), so a
+    revoked key is refused at most that long after ``revoke_key``; unknown, malformed
+    and revoked tokens are never cached and always cost a lookup by primary key.
+    """
+
+    def __init__(self, engine: Any, *, cache_s: float = 1.0) -> None:
+        self.engine = engine
+        self.cache_s = cache_s
+        self._cache: dict[str, tuple[str, float]] = {}  # token hash -> (fleet_id, valid until)
+        self._lock = threading.Lock()
+
+    def _run(self, what: str, fn: Any, write: bool = False) -> Any:
+        with map_db_errors(what), self.engine.connect() as conn:
+            if not write:
+                return fn(conn)
+            conn = conn.execution_options(ct_write=True)  # BEGIN IMMEDIATE on SQLite
+            with conn.begin():
+                return fn(conn)
+
+    # -- fleets ------------------------------------------------------------------------------
+    def create_fleet(self, name: str) -> dict[str, Any]:
+        if not isinstance(name, str) or not _FLEET_NAME.fullmatch(name):
+            raise InvalidInput("name", "must be 1-100 characters of [A-Za-z0-9._-]")
+        fleet_id = "f" + secrets.token_hex(5)[:FLEET_ID_LEN - 1]
+        now = datetime.now(UTC)
+
+        def do(conn: Any) -> None:
+            if conn.execute(select(fleets.c.fleet_id).where(fleets.c.name == name)).first() is not None:
+                raise FleetExists(f"a fleet named {name!r} already exists", name=name)
+            conn.execute(insert(fleets).values(fleet_id=fleet_id, name=name, created_at=now))
+
+        try:
+            self._run("create_fleet", do, write=True)
+        except StoreError as exc:
+            if isinstance(exc.__cause__, sa_exc.IntegrityError):  # a concurrent create won the unique name
+                raise FleetExists(f"a fleet named {name!r} already exists", name=name) from exc
+            raise
+        return {"fleet_id": fleet_id, "name": name, "created_at": now.isoformat()}
+
+    def list_fleets(self) -> list[dict[str, Any]]:
+        def do(conn: Any) -> list[dict[str, Any]]:
+            rows = conn.execute(select(fleets).order_by(fleets.c.created_at, fleets.c.name)).all()
+            keys: dict[str, int] = {}
+            for fid, revoked in conn.execute(select(api_keys.c.fleet_id, api_keys.c.revoked_at)).all():
+                if revoked is None:
+                    keys[fid] = keys.get(fid, 0) + 1
+            return [{"fleet_id": r.fleet_id, "name": r.name, "created_at": _iso(r.created_at),
+                     "active_keys": keys.get(r.fleet_id, 0)} for r in rows]
+
+        return self._run("list_fleets", do)
+
+    def get_fleet(self, fleet: str) -> dict[str, Any]:
+        """A fleet by id or by name."""
+        if not isinstance(fleet, str) or not fleet or len(fleet) > 100:
+            raise InvalidInput("fleet", "must be a fleet id or name")
+
+        def do(conn: Any) -> Any:
+            by_id = conn.execute(select(fleets).where(fleets.c.fleet_id == fleet)).first()
+            return by_id or conn.execute(select(fleets).where(fleets.c.name == fleet)).first()
+
+        row = self._run("get_fleet", do)
+        if row is None:
+            raise UnknownFleet(f"no fleet {fleet!r} (by id or name)", fleet=fleet)
+        return {"fleet_id": row.fleet_id, "name": row.name, "created_at": _iso(row.created_at)}
+
+    # -- keys --------------------------------------------------------------------------------
+    def create_key(self, fleet: str) -> tuple[dict[str, Any], str]:
+        """A new key for the fleet (id or name): (its record, the token -- shown only now)."""
+        f = self.get_fleet(fleet)
+        key_id = secrets.token_hex(KEY_ID_LEN // 2)
+        token = f"{TOKEN_PREFIX}{key_id}_{secrets.token_urlsafe(32)}"
+        now = datetime.now(UTC)
+        self._run("create_key", lambda conn: conn.execute(insert(api_keys).values(
+            key_id=key_id, fleet_id=f["fleet_id"], token_hash=hash_token(token), created_at=now)), write=True)
+        return {"key_id": key_id, "fleet_id": f["fleet_id"], "fleet": f["name"], "created_at": now.isoformat(),
+                "revoked_at": None}, token
+
+    def list_keys(self, fleet: str) -> list[dict[str, Any]]:
+        f = self.get_fleet(fleet)
+        k = api_keys.c
+        stmt = select(k.key_id, k.created_at, k.revoked_at).where(k.fleet_id == f["fleet_id"]).order_by(k.created_at, k.key_id)
+        rows = self._run("list_keys", lambda conn: conn.execute(stmt).all())
+        return [{"key_id": r.key_id, "fleet_id": f["fleet_id"], "fleet": f["name"], "created_at": _iso(r.created_at),
+                 "revoked_at": _iso(r.revoked_at), "active": r.revoked_at is None} for r in rows]
+
+    def revoke_key(self, key_id: str) -> dict[str, Any]:
+        if not isinstance(key_id, str) or not _KEY_ID.fullmatch(key_id):
+            raise InvalidInput("key_id", f"must be {KEY_ID_LEN} hex characters (see `tracker key list FLEET`)")
+        now = datetime.now(UTC)
+        k = api_keys.c
+
+        def do(conn: Any) -> Any:
+            row = conn.execute(select(k.fleet_id, k.revoked_at).where(k.key_id == key_id)).first()
+            if row is None:
+                raise UnknownKey(f"no key {key_id}", key_id=key_id)
+            if row.revoked_at is None:
+                conn.execute(update(api_keys).where(k.key_id == key_id).values(revoked_at=now))
+                return row.fleet_id, now, False
+            return row.fleet_id, row.revoked_at, True
+
+        fleet_id, revoked_at, already = self._run("revoke_key", do, write=True)
+        with self._lock:
+            self._cache.clear()
+        return {"key_id": key_id, "fleet_id": fleet_id, "revoked_at": _iso(revoked_at), "already_revoked": already}
+
+    def cached(self, token: str | None) -> str | None:
+        """The fleet of a token validated less than ``cache_s`` ago, without any I/O (else None)."""
+        if not token or len(token) > 200:
+            return None
+        digest = hash_token(token)
+        with self._lock:
+            hit = self._cache.get(digest)
+        return hit[0] if hit is not None and hit[1] > time.monotonic() else None
+
+    def authenticate(self, token: str | None) -> str | None:
+        """The fleet id a token belongs to, or None (malformed, unknown, revoked)."""
+        if not token or len(token) > 200:
+            return None
+        m = _TOKEN.fullmatch(token)
+        if m is None:
+            return None
+        digest = hash_token(token)
+        now = time.monotonic()
+        with self._lock:
+            hit = self._cache.get(digest)
+        if hit is not None and hit[1] > now:
+            return hit[0]
+        k = api_keys.c
+        stmt = select(k.fleet_id, k.token_hash, k.revoked_at).where(k.key_id == m.group(1))
+        row = self._run("authenticate", lambda conn: conn.execute(stmt).first())
+        if row is None or row.revoked_at is not None or not hmac.compare_digest(row.token_hash, digest):
+            with self._lock:
+                self._cache.pop(digest, None)
+            return None
+        if self.cache_s > 0:
+            with self._lock:
+                if len(self._cache) > 10_000:
+                    self._cache.clear()
+                self._cache[digest] = (row.fleet_id, now + self.cache_s)
+        return row.fleet_id
+
