@@ -39,11 +39,41 @@ from tracker.store.migrate import upgrade
 
 MODEL = "example-agent-small"  # the tracker's registry name for the agent's model
 # input limit = min(window - max_output_tokens, max_input_tokens) - safety_margin = 11000 - 8192 = 2808 tokens
-MODELS = {"models": {MODEL: {"provider": "openai", "window": 20000, "max_output_tokens": 1000, "max_input_tokens": 11000,
-                             "counter": "exact_local", "encoding": "o200k_base"}}}
+MODELS = {
+    "models": {
+        MODEL: {
+            "provider": "openai",
+            "window": 20000,
+            "max_output_tokens": 1000,
+            "max_input_tokens": 11000,
+            "counter": "exact_local",
+            "encoding": "o200k_base",
+        }
+    }
+}
 SYSTEM = "You are a careful engineer. Read the files you need, one at a time, then say what is wrong."
-WORDS = ("timeout", "retry", "budget", "batch", "cache", "lock", "queue", "worker", "parse", "flush", "index",
-         "token", "window", "commit", "lease", "fence", "shard", "replica", "cursor", "stream")
+WORDS = (
+    "timeout",
+    "retry",
+    "budget",
+    "batch",
+    "cache",
+    "lock",
+    "queue",
+    "worker",
+    "parse",
+    "flush",
+    "index",
+    "token",
+    "window",
+    "commit",
+    "lease",
+    "fence",
+    "shard",
+    "replica",
+    "cursor",
+    "stream",
+)
 
 
 @tool
@@ -71,9 +101,13 @@ class ScriptedChatModel(GenericFakeChatModel):
 
 
 def script(steps: int) -> list[AIMessage]:
-    calls = [AIMessage(content=f"Step {i}: reading src/module_{i}.py.",
-                       tool_calls=[{"name": "read_file", "args": {"path": f"src/module_{i}.py"}, "id": f"call_{i}"}])
-             for i in range(steps)]
+    calls = [
+        AIMessage(
+            content=f"Step {i}: reading src/module_{i}.py.",
+            tool_calls=[{"name": "read_file", "args": {"path": f"src/module_{i}.py"}, "id": f"call_{i}"}],
+        )
+        for i in range(steps)
+    ]
     return calls + [AIMessage(content=f"I read {steps} files: the lease is renewed after the fence check.")]
 
 
@@ -92,11 +126,18 @@ class Summarizer:
         return f"The user asked what is wrong. Files already read ({len(read)}): {', '.join(read)}. Nothing conclusive yet."
 
 
-def build(tracker: Tracker, *, steps: int, summarizer: Summarizer, session_id: str | None = None,
-          share: Any = None) -> tuple[Any, ScriptedChatModel]:
+def build(
+    tracker: Tracker, *, steps: int, summarizer: Summarizer, session_id: str | None = None, share: Any = None
+) -> tuple[Any, ScriptedChatModel]:
     model = ScriptedChatModel(messages=iter(script(steps)))
-    middleware = ContextTrackerMiddleware(tracker, model=MODEL, summarizer=summarizer,  # <- context tracker
-                                          session_id=session_id, share=share, keep_last=4)
+    middleware = ContextTrackerMiddleware(
+        tracker,
+        model=MODEL,
+        summarizer=summarizer,  # <- context tracker
+        session_id=session_id,
+        share=share,
+        keep_last=4,
+    )
     agent = create_agent(model, tools=[read_file], system_prompt=SYSTEM, middleware=[middleware])
     return agent, model
 
@@ -110,15 +151,18 @@ def request_tokens(tracker: Tracker, messages: list[BaseMessage]) -> int:
     return tracker.counting.measure(request, model=MODEL, basis=Basis(1, "report"), policy=tracker.policy).input_tokens
 
 
-def run(tracker: Tracker, session: str, *, steps: int = 16, summarizer: Summarizer | None = None,
-        share: Any = None) -> dict[str, Any]:
+def run(
+    tracker: Tracker, session: str, *, steps: int = 16, summarizer: Summarizer | None = None, share: Any = None
+) -> dict[str, Any]:
     """Run the agent once on ``session`` (its thread id); a report of what happened."""
     summarizer = summarizer or Summarizer()
     agent, model = build(tracker, steps=steps, summarizer=summarizer, share=share)
     report: dict[str, Any] = {"session": session, "answer": None, "error": None}
     try:
-        out = agent.invoke({"messages": [HumanMessage("What is wrong with the lease handling?")]},
-                           config={"configurable": {"thread_id": session}, "recursion_limit": 4 * steps + 20})
+        out = agent.invoke(
+            {"messages": [HumanMessage("What is wrong with the lease handling?")]},
+            config={"configurable": {"thread_id": session}, "recursion_limit": 4 * steps + 20},
+        )
         report["answer"] = out["messages"][-1].content
         report["revision"] = revision_of(out["messages"])
         report["summary"] = next((m.content for m in out["messages"] if "context_tracker" in m.additional_kwargs), None)
@@ -126,10 +170,18 @@ def run(tracker: Tracker, session: str, *, steps: int = 16, summarizer: Summariz
         report["error"] = exc.to_dict()
     report["summarizer_calls"] = summarizer.calls
     report["model_requests"] = [request_tokens(tracker, r) for r in model.requests]
-    report["events"] = [{"type": e.type, **{k: e.data[k] for k in ("attempt_id", "tokens_before", "tokens_after",
-                                                                    "reject_reason", "basis", "input_tokens") if k in e.data}}
-                        for e in tracker.history(session)
-                        if e.type.startswith("Compaction") or e.type == "ContextLimitReached"]
+    report["events"] = [
+        {
+            "type": e.type,
+            **{
+                k: e.data[k]
+                for k in ("attempt_id", "tokens_before", "tokens_after", "reject_reason", "basis", "input_tokens")
+                if k in e.data
+            },
+        }
+        for e in tracker.history(session)
+        if e.type.startswith("Compaction") or e.type == "ContextLimitReached"
+    ]
     return report
 
 

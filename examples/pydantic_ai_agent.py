@@ -38,11 +38,41 @@ from tracker.store.migrate import upgrade
 
 MODEL = "example-agent-small"  # the tracker's registry name for the agent's model
 # input limit = min(window - max_output_tokens, max_input_tokens) - safety_margin = 11000 - 8192 = 2808 tokens
-MODELS = {"models": {MODEL: {"provider": "openai", "window": 20000, "max_output_tokens": 1000, "max_input_tokens": 11000,
-                             "counter": "exact_local", "encoding": "o200k_base"}}}
+MODELS = {
+    "models": {
+        MODEL: {
+            "provider": "openai",
+            "window": 20000,
+            "max_output_tokens": 1000,
+            "max_input_tokens": 11000,
+            "counter": "exact_local",
+            "encoding": "o200k_base",
+        }
+    }
+}
 SYSTEM = "You are a careful engineer. Read the files you need, one at a time, then say what is wrong."
-WORDS = ("timeout", "retry", "budget", "batch", "cache", "lock", "queue", "worker", "parse", "flush", "index",
-         "token", "window", "commit", "lease", "fence", "shard", "replica", "cursor", "stream")
+WORDS = (
+    "timeout",
+    "retry",
+    "budget",
+    "batch",
+    "cache",
+    "lock",
+    "queue",
+    "worker",
+    "parse",
+    "flush",
+    "index",
+    "token",
+    "window",
+    "commit",
+    "lease",
+    "fence",
+    "shard",
+    "replica",
+    "cursor",
+    "stream",
+)
 
 
 def read_file(path: str) -> str:
@@ -67,9 +97,15 @@ class Script:
         self.requests.append((list(messages), info))
         i, self.calls = self.calls, self.calls + 1
         if i < self.steps:
-            return ModelResponse(parts=[TextPart(f"Step {i}: reading src/module_{i}.py."),
-                                        ToolCallPart("read_file", {"path": f"src/module_{i}.py"}, tool_call_id=f"call_{i}")])
-        return ModelResponse(parts=[TextPart(f"I read {self.steps} files: the lease is renewed after the fence check.")])
+            return ModelResponse(
+                parts=[
+                    TextPart(f"Step {i}: reading src/module_{i}.py."),
+                    ToolCallPart("read_file", {"path": f"src/module_{i}.py"}, tool_call_id=f"call_{i}"),
+                ]
+            )
+        return ModelResponse(
+            parts=[TextPart(f"I read {self.steps} files: the lease is renewed after the fence check.")]
+        )
 
 
 class Summarizer:
@@ -83,16 +119,28 @@ class Summarizer:
         if self.fail:
             raise RuntimeError("the summariser is unavailable")
         time.sleep(self.delay_s)
-        read = [p.args_as_dict()["path"] for m in messages if isinstance(m, ModelResponse)
-                for p in m.parts if isinstance(p, ToolCallPart)]
+        read = [
+            p.args_as_dict()["path"]
+            for m in messages
+            if isinstance(m, ModelResponse)
+            for p in m.parts
+            if isinstance(p, ToolCallPart)
+        ]
         return f"The user asked what is wrong. Files already read ({len(read)}): {', '.join(read)}. Nothing conclusive yet."
 
 
-def build(tracker: Tracker, *, steps: int, summarizer: Summarizer, session_id: str | None = None,
-          share: Any = None) -> tuple[Agent, Script]:
+def build(
+    tracker: Tracker, *, steps: int, summarizer: Summarizer, session_id: str | None = None, share: Any = None
+) -> tuple[Agent, Script]:
     script = Script(steps)
-    capability = ContextTrackerCapability(tracker, model=MODEL, summarizer=summarizer,  # <- context tracker
-                                          session_id=session_id, share=share, keep_last=4)
+    capability = ContextTrackerCapability(
+        tracker,
+        model=MODEL,
+        summarizer=summarizer,  # <- context tracker
+        session_id=session_id,
+        share=share,
+        keep_last=4,
+    )
     agent = Agent(FunctionModel(script), system_prompt=SYSTEM, tools=[read_file], capabilities=[capability])
     return agent, script
 
@@ -103,8 +151,9 @@ def request_tokens(tracker: Tracker, messages: list[ModelMessage], info: AgentIn
     return tracker.counting.measure(request, model=MODEL, basis=Basis(1, "report"), policy=tracker.policy).input_tokens
 
 
-def run(tracker: Tracker, session: str, *, steps: int = 16, summarizer: Summarizer | None = None,
-        share: Any = None) -> dict[str, Any]:
+def run(
+    tracker: Tracker, session: str, *, steps: int = 16, summarizer: Summarizer | None = None, share: Any = None
+) -> dict[str, Any]:
     """Run the agent once on ``session``; a report of what happened."""
     summarizer = summarizer or Summarizer()
     agent, script = build(tracker, steps=steps, summarizer=summarizer, session_id=session, share=share)
@@ -114,16 +163,25 @@ def run(tracker: Tracker, session: str, *, steps: int = 16, summarizer: Summariz
         messages = result.all_messages()
         report["answer"] = result.output
         report["revision"] = revision_of(messages)
-        report["summary"] = next((m.parts[-1].content for m in messages
-                                  if (getattr(m, "metadata", None) or {}).get("context_tracker")), None)
+        report["summary"] = next(
+            (m.parts[-1].content for m in messages if (getattr(m, "metadata", None) or {}).get("context_tracker")), None
+        )
     except ContextLimitError as exc:  # the tracker refused a request the model could not take
         report["error"] = exc.to_dict()
     report["summarizer_calls"] = summarizer.calls
     report["model_requests"] = [request_tokens(tracker, m, info) for m, info in script.requests]
-    report["events"] = [{"type": e.type, **{k: e.data[k] for k in ("attempt_id", "tokens_before", "tokens_after",
-                                                                    "reject_reason", "basis", "input_tokens") if k in e.data}}
-                        for e in tracker.history(session)
-                        if e.type.startswith("Compaction") or e.type == "ContextLimitReached"]
+    report["events"] = [
+        {
+            "type": e.type,
+            **{
+                k: e.data[k]
+                for k in ("attempt_id", "tokens_before", "tokens_after", "reject_reason", "basis", "input_tokens")
+                if k in e.data
+            },
+        }
+        for e in tracker.history(session)
+        if e.type.startswith("Compaction") or e.type == "ContextLimitReached"
+    ]
     return report
 
 

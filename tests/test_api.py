@@ -31,7 +31,9 @@ LIMIT = 100_000
 
 
 def run_cli(env: dict[str, str], *args: str, ok: bool = True) -> Any:
-    proc = subprocess.run([sys.executable, "-m", "tracker.cli", *args], env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tracker.cli", *args], env=env, capture_output=True, text=True, timeout=120
+    )
     if ok:
         assert proc.returncode == 0, (args, proc.stdout, proc.stderr)
     return proc
@@ -172,11 +174,16 @@ def test_healthz_readyz_and_openapi(server):
         assert body["checks"]["redis"] == {"status": "ok"}
         doc = c.get("/openapi.json").json()
     assert doc["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
-    for path in ("/v1/sessions/{session_id}/observe", "/v1/sessions/{session_id}/compactions",
-                 "/v1/sessions/{session_id}/compactions/{attempt_id}/commit",
-                 "/v1/sessions/{session_id}/compactions/{attempt_id}/reject",
-                 "/v1/sessions/{session_id}/compactions/{attempt_id}/wait", "/v1/sessions/{session_id}",
-                 "/v1/sessions/{session_id}/history", "/v1/events"):
+    for path in (
+        "/v1/sessions/{session_id}/observe",
+        "/v1/sessions/{session_id}/compactions",
+        "/v1/sessions/{session_id}/compactions/{attempt_id}/commit",
+        "/v1/sessions/{session_id}/compactions/{attempt_id}/reject",
+        "/v1/sessions/{session_id}/compactions/{attempt_id}/wait",
+        "/v1/sessions/{session_id}",
+        "/v1/sessions/{session_id}/history",
+        "/v1/events",
+    ):
         assert path in doc["paths"]
     observe_op = doc["paths"]["/v1/sessions/{session_id}/observe"]["post"]
     assert observe_op["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith("/ObserveIn")
@@ -189,8 +196,12 @@ def test_readyz_says_why_when_the_schema_is_old(server):
     name, url = create_pg_database()
     port = free_port()
     env = {**server.env, "TRACKER_DATABASE_URL": _sqlalchemy_url(url)}
-    proc = subprocess.Popen([sys.executable, "-m", "tracker.cli", "serve", "--port", str(port), "--no-access-log"],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tracker.cli", "serve", "--port", str(port), "--no-access-log"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -205,8 +216,12 @@ def test_readyz_says_why_when_the_schema_is_old(server):
         assert ready.status_code == 503
         db = ready.json()["checks"]["database"]
         assert db["code"] == "schema_out_of_date" and "tracker db upgrade" in db["message"]
-        r = httpx.post(f"http://127.0.0.1:{port}/v1/sessions/x/observe", json=measure("m1", 1),
-                       headers={"Authorization": f"Bearer {server.token_a}"}, timeout=10)
+        r = httpx.post(
+            f"http://127.0.0.1:{port}/v1/sessions/x/observe",
+            json=measure("m1", 1),
+            headers={"Authorization": f"Bearer {server.token_a}"},
+            timeout=10,
+        )
         assert_error(r, 503, "schema_out_of_date")
     finally:
         stop_server(proc)
@@ -235,7 +250,13 @@ def test_the_readme_error_table_agrees_with_error_status():
 def test_observe_compact_wait_commit_then_stale_basis(a):
     s = sid("agent-1:task.7")  # ':' and '.' are allowed in session ids
     d = observe(a, s, "m1", 50_000)
-    assert (d["session_id"], d["action"], d["pressure"], d["occupancy_bp"], d["basis"]) == (s, "proceed", "normal", 5000, "r1:m1")
+    assert (d["session_id"], d["action"], d["pressure"], d["occupancy_bp"], d["basis"]) == (
+        s,
+        "proceed",
+        "normal",
+        5000,
+        "r1:m1",
+    )
     d = observe(a, s, "m2", 85_000)
     assert d["action"] == "compact" and d["trigger"] == "threshold" and d["pressure"] == "compact"
     attempt = d["attempt"]
@@ -257,13 +278,17 @@ def test_observe_compact_wait_commit_then_stale_basis(a):
     t = threading.Thread(target=waiter)
     t.start()
     time.sleep(0.5)
-    r = a.post(f"/v1/sessions/{s}/compactions/{attempt['attempt_id']}/commit",
-               json={"fencing_token": attempt["fencing_token"], "tokens_after": 30_000})
+    r = a.post(
+        f"/v1/sessions/{s}/compactions/{attempt['attempt_id']}/commit",
+        json={"fencing_token": attempt["fencing_token"], "tokens_after": 30_000},
+    )
     assert r.status_code == 200, r.text
     state = r.json()
     assert state["session_id"] == s and state["revision"] == 2 and state["open_attempts"] == []
     t.join(30)
-    assert waited["status"] == 200 and waited["body"]["status"] == "committed" and waited["body"]["outcome"] == "committed"
+    assert (
+        waited["status"] == 200 and waited["body"]["status"] == "committed" and waited["body"]["outcome"] == "committed"
+    )
     assert 0.3 < waited["took"] < 15  # it really waited for the commit, and no longer
 
     # measurements of the old history are stale now (recorded, 409)
@@ -272,8 +297,17 @@ def test_observe_compact_wait_commit_then_stale_basis(a):
     d = observe(a, s, "m5", 40_000)
     assert d["action"] == "proceed" and d["basis"] == "r2:m5" and d["revision"] == 2
     types = [e["type"] for e in history(a, s)]
-    assert types == ["SessionStarted", "ContextMeasured", "ContextMeasured", "CompactionStarted", "ContextMeasured",
-                     "ContextMeasured", "CompactionCommitted", "MeasurementRefused", "ContextMeasured"]
+    assert types == [
+        "SessionStarted",
+        "ContextMeasured",
+        "ContextMeasured",
+        "CompactionStarted",
+        "ContextMeasured",
+        "ContextMeasured",
+        "CompactionCommitted",
+        "MeasurementRefused",
+        "ContextMeasured",
+    ]
     st = a.get(f"/v1/sessions/{s}").json()
     assert st["session_id"] == s and st["revision"] == 2 and st["version"] == 9 and st["pressure"] == "normal"
 
@@ -284,19 +318,29 @@ def test_reject_then_context_limit_409_is_recorded(a):
     assert d["action"] == "compact" and d["trigger"] == "hard_limit"
     att = d["attempt"]
     # only the holder may reject
-    r = a.post(f"/v1/sessions/{s}/compactions/{att['attempt_id']}/reject",
-               json={"fencing_token": att["fencing_token"] + 5, "reject_reason": "execution_failed"})
+    r = a.post(
+        f"/v1/sessions/{s}/compactions/{att['attempt_id']}/reject",
+        json={"fencing_token": att["fencing_token"] + 5, "reject_reason": "execution_failed"},
+    )
     assert_error(r, 409, "not_attempt_holder")
-    r = a.post(f"/v1/sessions/{s}/compactions/{att['attempt_id']}/reject",
-               json={"fencing_token": att["fencing_token"], "reject_reason": "execution_failed"})
+    r = a.post(
+        f"/v1/sessions/{s}/compactions/{att['attempt_id']}/reject",
+        json={"fencing_token": att["fencing_token"], "reject_reason": "execution_failed"},
+    )
     assert r.status_code == 200, r.text
     assert r.json()["exhausted"] == ["r1:m1"]
-    r = a.post(f"/v1/sessions/{s}/compactions/{att['attempt_id']}/reject",
-               json={"fencing_token": att["fencing_token"], "reject_reason": "again"})
+    r = a.post(
+        f"/v1/sessions/{s}/compactions/{att['attempt_id']}/reject",
+        json={"fencing_token": att["fencing_token"], "reject_reason": "again"},
+    )
     assert_error(r, 409, "attempt_not_open")
     w = a.get(f"/v1/sessions/{s}/compactions/{att['attempt_id']}/wait", params={"timeout": 1})
-    assert w.json() == {"attempt_id": att["attempt_id"], "outcome": "rejected:execution_failed", "status": "rejected",
-                        "reject_reason": "execution_failed"}
+    assert w.json() == {
+        "attempt_id": att["attempt_id"],
+        "outcome": "rejected:execution_failed",
+        "status": "rejected",
+        "reject_reason": "execution_failed",
+    }
     # the exhausted basis at the hard limit: nothing eligible -> context_limit, on the record
     body = assert_error(a.post(f"/v1/sessions/{s}/observe", json=measure("m1", 100_500)), 409, "context_limit")
     assert body["basis"] == "r1:m1"
@@ -314,8 +358,12 @@ def test_wait_timeout_is_408_and_unknown_attempt_404(a):
     assert 0.3 < time.monotonic() - t0 < 5
     assert_error(a.get(f"/v1/sessions/{s}/compactions/nope/wait", params={"timeout": 0}), 404, "unknown_attempt")
     # the wait is bounded: over 30 s is refused before waiting
-    assert_error(a.get(f"/v1/sessions/{s}/compactions/{att['attempt_id']}/wait", params={"timeout": 31}), 422,
-                 "invalid_input", "timeout")
+    assert_error(
+        a.get(f"/v1/sessions/{s}/compactions/{att['attempt_id']}/wait", params={"timeout": 31}),
+        422,
+        "invalid_input",
+        "timeout",
+    )
 
 
 def test_manual_compaction_and_attempt_errors(a):
@@ -327,8 +375,10 @@ def test_manual_compaction_and_attempt_errors(a):
     assert man["reason"] == "manual" and man["trigger"] == "manual" and man["basis"] == "r1:m1"
     assert man["input_limit"] == LIMIT and man["history_budget"] is not None
     assert_error(a.post(f"/v1/sessions/{s}/compactions"), 409, "manual_attempt_open")
-    r = a.post(f"/v1/sessions/{s}/compactions/{man['attempt_id']}/commit",
-               json={"fencing_token": man["fencing_token"], "tokens_after": LIMIT})
+    r = a.post(
+        f"/v1/sessions/{s}/compactions/{man['attempt_id']}/commit",
+        json={"fencing_token": man["fencing_token"], "tokens_after": LIMIT},
+    )
     assert_error(r, 409, "summary_too_large")  # recorded as a rejection
     assert a.get(f"/v1/sessions/{s}").json()["open_attempts"] == []
     assert history(a, s)[-1]["data"]["reject_reason"] == "summary_too_large"
@@ -340,12 +390,17 @@ def test_manual_compaction_and_attempt_errors(a):
     # a retry with the same key gets the original answer: the same attempt, nothing new written
     assert again.status_code == 201, again.text
     assert again.json()["attempt_id"] == man2["attempt_id"]
-    r = a.post(f"/v1/sessions/{s}/compactions/{man2['attempt_id']}/commit",
-               json={"fencing_token": man2["fencing_token"], "tokens_after": 5_000})
+    r = a.post(
+        f"/v1/sessions/{s}/compactions/{man2['attempt_id']}/commit",
+        json={"fencing_token": man2["fencing_token"], "tokens_after": 5_000},
+    )
     assert r.status_code == 200 and r.json()["revision"] == 2
     # commit/reject on a session that does not exist: 404
-    assert_error(a.post(f"/v1/sessions/{sid()}/compactions/x/reject", json={"fencing_token": 1, "reject_reason": "r"}),
-                 404, "unknown_attempt")
+    assert_error(
+        a.post(f"/v1/sessions/{sid()}/compactions/x/reject", json={"fencing_token": 1, "reject_reason": "r"}),
+        404,
+        "unknown_attempt",
+    )
 
 
 def test_observe_counts_a_request(a):
@@ -369,7 +424,10 @@ def test_observe_counts_a_request(a):
         ({"request": request, "model": "gpt-4o"}, "basis"),
         ({"request": request, "model": "gpt-4o", "basis": "msg-3", **measure("m", 1)}, "request"),
         ({}, "request"),
-        ({"request": {"messages": [{"role": "robot", "content": "x"}]}, "model": "gpt-4o", "basis": "b"}, "messages[0].role"),
+        (
+            {"request": {"messages": [{"role": "robot", "content": "x"}]}, "model": "gpt-4o", "basis": "b"},
+            "messages[0].role",
+        ),
     ):
         assert_error(a.post(f"/v1/sessions/{s}/observe", json=body), 422, "invalid_input", field)
     assert len(history(a, s)) == n
@@ -381,10 +439,17 @@ def test_validation_errors_have_the_same_shape(a, server):
     cases = [
         (a.post(f"/v1/sessions/{s}/observe", json=measure("m1", -1)), "invalid_input", "measurement.input_tokens"),
         (a.post(f"/v1/sessions/{s}/observe", json=measure("m1", 1.5)), "invalid_input", "measurement.input_tokens"),
-        (a.post(f"/v1/sessions/{s}/observe", json=measure("m1", 10, limit=0)), "invalid_input", "measurement.input_limit"),
+        (
+            a.post(f"/v1/sessions/{s}/observe", json=measure("m1", 10, limit=0)),
+            "invalid_input",
+            "measurement.input_limit",
+        ),
         (a.post(f"/v1/sessions/{s}/observe", json={**measure("m1", 1), "surprise": 1}), "invalid_input", "surprise"),
-        (a.post(f"/v1/sessions/{s}/observe", content=b"{not json", headers={"content-type": "application/json"}),
-         "invalid_input", "body"),
+        (
+            a.post(f"/v1/sessions/{s}/observe", content=b"{not json", headers={"content-type": "application/json"}),
+            "invalid_input",
+            "body",
+        ),
         (a.post(f"/v1/sessions/{'x' * 190}/observe", json=measure("m1", 1)), "invalid_session_id", "session_id"),
         (a.post("/v1/sessions/bad%20id/observe", json=measure("m1", 1)), "invalid_session_id", "session_id"),
         (a.post(f"/v1/sessions/{s}/observe", json=measure("r7:m1", 1)), "invalid_input", "basis.revision"),
@@ -473,13 +538,26 @@ def test_fleets_are_isolated_on_every_session_endpoint(a, b, server):
     # B reads: 404, exactly as for a session that does not exist anywhere
     assert_error(b.get(f"/v1/sessions/{s}"), 404, "unknown_session")
     assert_error(b.get(f"/v1/sessions/{s}/history"), 404, "unknown_session")
-    assert_error(b.get(f"/v1/sessions/{s}/compactions/{att['attempt_id']}/wait", params={"timeout": 0}), 404,
-                 "unknown_attempt")
+    assert_error(
+        b.get(f"/v1/sessions/{s}/compactions/{att['attempt_id']}/wait", params={"timeout": 0}), 404, "unknown_attempt"
+    )
     # B cannot touch A's attempt, even holding its id and fencing token
-    assert_error(b.post(f"/v1/sessions/{s}/compactions/{att['attempt_id']}/commit",
-                        json={"fencing_token": att["fencing_token"], "tokens_after": 1}), 404, "unknown_attempt")
-    assert_error(b.post(f"/v1/sessions/{s}/compactions/{att['attempt_id']}/reject",
-                        json={"fencing_token": att["fencing_token"], "reject_reason": "x"}), 404, "unknown_attempt")
+    assert_error(
+        b.post(
+            f"/v1/sessions/{s}/compactions/{att['attempt_id']}/commit",
+            json={"fencing_token": att["fencing_token"], "tokens_after": 1},
+        ),
+        404,
+        "unknown_attempt",
+    )
+    assert_error(
+        b.post(
+            f"/v1/sessions/{s}/compactions/{att['attempt_id']}/reject",
+            json={"fencing_token": att["fencing_token"], "reject_reason": "x"},
+        ),
+        404,
+        "unknown_attempt",
+    )
     # B's writes under the same name land in B's own session, never in A's
     d_b = observe(b, s, "m1", 90_000)
     assert d_b["action"] == "compact" and d_b["attempt"]["attempt_id"] != att["attempt_id"] and d_b["version"] == 3
@@ -489,16 +567,26 @@ def test_fleets_are_isolated_on_every_session_endpoint(a, b, server):
     assert [e for e in a.get("/v1/events", params={"limit": 1000}).json()["events"]] == a_feed_before
     b_feed = b.get("/v1/events", params={"limit": 1000}).json()["events"]
     assert {e["position"] for e in b_feed}.isdisjoint({e["position"] for e in a_feed_before})
-    assert [e["type"] for e in b_feed if e["session_id"] == s] == ["SessionStarted", "ContextMeasured",
-                                                                    "CompactionStarted", "CompactionStarted"]
+    assert [e["type"] for e in b_feed if e["session_id"] == s] == [
+        "SessionStarted",
+        "ContextMeasured",
+        "CompactionStarted",
+        "CompactionStarted",
+    ]
     # and A's attempt is still A's to commit
-    r = a.post(f"/v1/sessions/{s}/compactions/{att['attempt_id']}/commit",
-               json={"fencing_token": att["fencing_token"], "tokens_after": 10})
+    r = a.post(
+        f"/v1/sessions/{s}/compactions/{att['attempt_id']}/commit",
+        json={"fencing_token": att["fencing_token"], "tokens_after": 10},
+    )
     assert r.status_code == 200 and r.json()["session_id"] == s
     # nothing anywhere leaks the internal (fleet-prefixed) id
     fleet_a = server.fleet_a["fleet_id"]
-    for text in (r.text, a.get(f"/v1/sessions/{s}/history").text, a.get("/v1/events").text,
-                 a.post(f"/v1/sessions/{s}/compactions/zzz/commit", json={"fencing_token": 1, "tokens_after": 1}).text):
+    for text in (
+        r.text,
+        a.get(f"/v1/sessions/{s}/history").text,
+        a.get("/v1/events").text,
+        a.post(f"/v1/sessions/{s}/compactions/zzz/commit", json={"fencing_token": 1, "tokens_after": 1}).text,
+    ):
         assert fleet_a not in text
 
 
@@ -508,16 +596,29 @@ def test_missing_garbage_and_revoked_keys_get_401(server):
         r = anon.post(f"/v1/sessions/{s}/observe", json=measure("m1", 1))
         assert_error(r, 401, "unauthorized")
         assert r.headers["www-authenticate"] == "Bearer"
-        for header in ("Bearer", "Bearer garbage", "Basic dXNlcjpwdw==", f"Bearer {server.token_a}x",
-                       f"Bearer {server.token_a[:-1]}", "Bearer ctk_000000000000_" + "A" * 43, "Token " + server.token_a):
-            for method, path in (("GET", "/v1/events"), ("GET", f"/v1/sessions/{s}"),
-                                 ("POST", f"/v1/sessions/{s}/compactions")):
+        for header in (
+            "Bearer",
+            "Bearer garbage",
+            "Basic dXNlcjpwdw==",
+            f"Bearer {server.token_a}x",
+            f"Bearer {server.token_a[:-1]}",
+            "Bearer ctk_000000000000_" + "A" * 43,
+            "Token " + server.token_a,
+        ):
+            for method, path in (
+                ("GET", "/v1/events"),
+                ("GET", f"/v1/sessions/{s}"),
+                ("POST", f"/v1/sessions/{s}/compactions"),
+            ):
                 r = anon.request(method, path, headers={"Authorization": header})
                 assert_error(r, 401, "unauthorized")
         # the auth check comes before anything else: even invalid bodies get 401 without a key
         assert_error(anon.post(f"/v1/sessions/{s}/observe", json={"junk": True}), 401, "unauthorized")
-        assert_error(anon.post(f"/v1/sessions/{s}/observe", content=b"{not json", headers={"content-type": "application/json"}),
-                     401, "unauthorized")
+        assert_error(
+            anon.post(f"/v1/sessions/{s}/observe", content=b"{not json", headers={"content-type": "application/json"}),
+            401,
+            "unauthorized",
+        )
         assert_error(anon.get("/v1/no-such-route"), 401, "unauthorized")  # routes are not revealed either
     key = cli_json(server.env, "key", "create", server.fleet_a["name"])
     with server.client(key["token"]) as c:
@@ -534,8 +635,9 @@ def test_missing_garbage_and_revoked_keys_get_401(server):
         for _ in range(3):
             assert_error(c.get(f"/v1/sessions/{s}"), 401, "unauthorized")
             assert_error(c.post(f"/v1/sessions/{s}/observe", json=measure("m2", 1)), 401, "unauthorized")
-    assert [k["active"] for k in cli_json(server.env, "key", "list", server.fleet_a["name"])
-            if k["key_id"] == key["key_id"]] == [False]
+    assert [
+        k["active"] for k in cli_json(server.env, "key", "list", server.fleet_a["name"]) if k["key_id"] == key["key_id"]
+    ] == [False]
     with server.client(server.token_a) as still:
         assert [e["type"] for e in history(still, s)] == ["SessionStarted", "ContextMeasured"]  # m2 never landed
 
@@ -559,8 +661,13 @@ def test_cli_fleet_and_key_commands(server):
 def test_body_too_large_is_413_and_writes_nothing(a, server):
     s = sid()
     before = max_position(server.db_url)
-    big = json.dumps({"request": {"messages": [{"role": "user", "content": "x" * (2 * 1024 * 1024)}]},
-                      "model": "gpt-4o", "basis": "m1"}).encode()
+    big = json.dumps(
+        {
+            "request": {"messages": [{"role": "user", "content": "x" * (2 * 1024 * 1024)}]},
+            "model": "gpt-4o",
+            "basis": "m1",
+        }
+    ).encode()
     r = a.post(f"/v1/sessions/{s}/observe", content=big, headers={"content-type": "application/json"})
     body = assert_error(r, 413, "payload_too_large")
     assert body["limit"] == 1024 * 1024
@@ -606,7 +713,10 @@ def test_metrics_counters_move(a):
     request = {"messages": [{"role": "user", "content": "hi"}]}
     a.post(f"/v1/sessions/{s}/observe", json={"request": request, "model": "nope", "basis": "m3"})  # count failure
     man = a.post(f"/v1/sessions/{s}/compactions").json()
-    a.post(f"/v1/sessions/{s}/compactions/{man['attempt_id']}/commit", json={"fencing_token": man["fencing_token"], "tokens_after": 5})
+    a.post(
+        f"/v1/sessions/{s}/compactions/{man['attempt_id']}/commit",
+        json={"fencing_token": man["fencing_token"], "tokens_after": 5},
+    )
     after = metric_values(a)
 
     def delta(name: str, **labels: str) -> float:
@@ -632,12 +742,17 @@ def test_serve_with_several_workers_aggregates_metrics(server):
     port = free_port()
     proc = start_server(server.env, port, "--workers", "2")
     try:
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30,
-                          headers={"Authorization": f"Bearer {server.token_a}"}) as c:
+        with httpx.Client(
+            base_url=f"http://127.0.0.1:{port}", timeout=30, headers={"Authorization": f"Bearer {server.token_a}"}
+        ) as c:
             s = sid()
             for i in range(12):  # new connections: spread over both worker processes
-                r = httpx.post(f"http://127.0.0.1:{port}/v1/sessions/{s}/observe", json=measure(f"m{i}", 10 + i),
-                               headers={"Authorization": f"Bearer {server.token_a}"}, timeout=30)
+                r = httpx.post(
+                    f"http://127.0.0.1:{port}/v1/sessions/{s}/observe",
+                    json=measure(f"m{i}", 10 + i),
+                    headers={"Authorization": f"Bearer {server.token_a}"},
+                    timeout=30,
+                )
                 assert r.status_code == 200
             values = metric_values(c)
             assert metric(values, "tracker_decisions_total", action="proceed") == 12

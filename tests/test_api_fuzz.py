@@ -58,8 +58,13 @@ def fuzz_server():
         fleets = FleetStore(engine)
         fleets.create_fleet("fuzz")
         _, token = fleets.create_key("fuzz")
-        env = {**os.environ, "TRACKER_DATABASE_URL": db_url, "TRACKER_REDIS_URL": REDIS_URL,
-               "TRACKER_ATTEMPT_LEASE_S": "3600", "TRACKER_COUNT_TIMEOUT_S": "10"}
+        env = {
+            **os.environ,
+            "TRACKER_DATABASE_URL": db_url,
+            "TRACKER_REDIS_URL": REDIS_URL,
+            "TRACKER_ATTEMPT_LEASE_S": "3600",
+            "TRACKER_COUNT_TIMEOUT_S": "10",
+        }
         env.pop("TRACKER_BROKER_URL", None)
         port = free_port()
         proc = start_server(env, port)
@@ -129,19 +134,30 @@ def test_fuzz_the_openapi_document(fuzz_server):
                 if body["code"] in RECORDED_REFUSALS:
                     stats["recorded_refusals"] += 1
                 else:
-                    assert after == before, f"{case.operation.label} refused {status} {body['code']} but wrote {before} -> {after}"
+                    assert after == before, (
+                        f"{case.operation.label} refused {status} {body['code']} but wrote {before} -> {after}"
+                    )
         elif after != before:
             stats["written"] += 1
 
     try:
         for result in schema.get_all_operations():
             operation = result.ok()
-            for mode, examples in ((GenerationMode.POSITIVE, POSITIVE_EXAMPLES), (GenerationMode.NEGATIVE, NEGATIVE_EXAMPLES)):
+            for mode, examples in (
+                (GenerationMode.POSITIVE, POSITIVE_EXAMPLES),
+                (GenerationMode.NEGATIVE, NEGATIVE_EXAMPLES),
+            ):
                 strategy = operation.as_strategy(generation_mode=mode)
                 auth_strategy = st.sampled_from(["valid", "valid", "valid", "garbage", "none"])
 
-                @settings(max_examples=examples, deadline=None, database=None, derandomize=True,
-                          phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
+                @settings(
+                    max_examples=examples,
+                    deadline=None,
+                    database=None,
+                    derandomize=True,
+                    phases=[Phase.explicit, Phase.generate],
+                    suppress_health_check=list(HealthCheck),
+                )
                 @given(case=strategy, auth=auth_strategy)
                 def run(case: Any, auth: str) -> None:
                     check(case, mode, auth)  # noqa: B023 - run() is called inside this iteration

@@ -16,8 +16,12 @@ from tracker.settings import Settings
 
 
 def test_bench_core_prints_figures():
-    out = subprocess.run([sys.executable, "-m", "tracker.cli", "bench", "--json", "--quick", "--only", "core"],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "tracker.cli", "bench", "--json", "--quick", "--only", "core"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     core = result["core"]
@@ -26,8 +30,12 @@ def test_bench_core_prints_figures():
 
 
 def test_bench_unknown_section_is_refused():
-    out = subprocess.run([sys.executable, "-m", "tracker.cli", "bench", "--json", "--only", "nope"],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "tracker.cli", "bench", "--json", "--only", "nope"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode != 0
     assert "only" in (out.stdout + out.stderr)
 
@@ -47,8 +55,13 @@ def test_a_section_that_cannot_run_fails_the_bench_and_says_where():
 
 def test_cli_exits_non_zero_when_a_section_fails():
     env = {**os.environ, "TRACKER_BENCH_PG": _closed_pg()}
-    out = subprocess.run([sys.executable, "-m", "tracker.cli", "bench", "--json", "--quick", "--only", "store"],
-                         capture_output=True, text=True, timeout=120, env=env)
+    out = subprocess.run(
+        [sys.executable, "-m", "tracker.cli", "bench", "--json", "--quick", "--only", "store"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert out.returncode != 0
     result = json.loads(out.stdout)
     assert result["ok"] is False and result["failed"] == ["store"]
@@ -56,12 +69,20 @@ def test_cli_exits_non_zero_when_a_section_fails():
 
 def test_targets_come_from_settings():
     assert Targets.from_settings(Settings.of()) == Targets(
-        pg="postgresql://postgres@127.0.0.1:5432/test", redis="redis://127.0.0.1:6379/0", broker="redis://127.0.0.1:6379/0")
+        pg="postgresql://postgres@127.0.0.1:5432/test",
+        redis="redis://127.0.0.1:6379/0",
+        broker="redis://127.0.0.1:6379/0",
+    )
     own = Settings.of(database_url="postgres://u@db:5432/app", redis_url="redis://r:6379/1", broker_url="amqp://mq//")
     assert Targets.from_settings(own) == Targets(
-        pg="postgresql+psycopg://u@db:5432/app", redis="redis://r:6379/1", broker="amqp://mq//")
-    bench = Settings.of(database_url="postgres://u@db/app", bench_pg="postgresql://b@pg/x", bench_redis="redis://b/2",
-                        bench_broker="redis://b/3")
+        pg="postgresql+psycopg://u@db:5432/app", redis="redis://r:6379/1", broker="amqp://mq//"
+    )
+    bench = Settings.of(
+        database_url="postgres://u@db/app",
+        bench_pg="postgresql://b@pg/x",
+        bench_redis="redis://b/2",
+        bench_broker="redis://b/3",
+    )
     assert Targets.from_settings(bench) == Targets(pg="postgresql://b@pg/x", redis="redis://b/2", broker="redis://b/3")
     sqlite = Settings.of(database_url="sqlite:///x.db")
     assert Targets.from_settings(sqlite).pg == "postgresql://postgres@127.0.0.1:5432/test"

@@ -54,7 +54,9 @@ class Cli:
         argv = [TRACKER, *map(str, args)]
         out = subprocess.run(argv, cwd=self.cwd, env=self.env, capture_output=True, text=True, timeout=timeout)
         if ok is True:
-            assert out.returncode == 0, f"{' '.join(argv[1:])} exited {out.returncode}:\n{out.stderr}\n{out.stdout[-2000:]}"
+            assert out.returncode == 0, (
+                f"{' '.join(argv[1:])} exited {out.returncode}:\n{out.stderr}\n{out.stdout[-2000:]}"
+            )
         elif ok is False:
             assert out.returncode != 0, f"{' '.join(argv[1:])} should have failed:\n{out.stdout[-2000:]}"
         return out
@@ -143,7 +145,8 @@ def audit_flow(cli: Cli, *, workers: int, sessions: int, distributed: bool) -> d
     # export: every event once, global order, resumable
     everything = cli.lines("export", "--json")
     assert len(everything) == sum(r["events"] for r in demo["sessions"]) + sum(
-        r["version"] for s, r in listed.items() if s not in by_id)
+        r["version"] for s, r in listed.items() if s not in by_id
+    )
     positions = [e["position"] for e in everything]
     assert positions == sorted(positions) and len(set(positions)) == len(positions)
     assert len({(e["session_id"], e["version"]) for e in everything}) == len(everything)
@@ -187,7 +190,7 @@ def test_embedded_default_audit_flow(tmp_path):
     assert report["context_limit"] == 1 and report["committed"] == 0 and report["rejected"] >= 1
     assert report["events"] == out["events"]
     html = (tmp_path / "r.html").read_text(encoding="utf-8")
-    assert "<svg id=\"timeline\"" in html and sid in html
+    assert '<svg id="timeline"' in html and sid in html
 
     def tamper() -> None:
         with sqlite3.connect(db) as conn:
@@ -217,8 +220,14 @@ class Worker:
     def __init__(self, cwd: Path, env: dict[str, str], queue: str) -> None:
         self.log_path = cwd / "worker.log"
         self.log = self.log_path.open("w")
-        self.proc = subprocess.Popen([TRACKER, "worker", "-c", "2", "-Q", queue, "--loglevel", "info"], cwd=cwd, env=env,
-                                     stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(
+            [TRACKER, "worker", "-c", "2", "-Q", queue, "--loglevel", "info"],
+            cwd=cwd,
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
     def output(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -271,10 +280,15 @@ def test_distributed_audit_flow(tmp_path, pg_url, redis_url):
 
     def tamper() -> None:
         with psycopg.connect(pg_url.replace("postgresql+psycopg://", "postgresql://", 1), autocommit=True) as conn:
-            (kind,) = conn.execute("SELECT data_type FROM information_schema.columns "
-                                   "WHERE table_name = 'sessions' AND column_name = 'state'").fetchone()
-            cur = conn.execute(f"UPDATE sessions SET state = jsonb_set(state::jsonb, '{{pressure}}', '\"normal\"')::{kind} "
-                               "WHERE session_id = %s", (sid,))
+            (kind,) = conn.execute(
+                "SELECT data_type FROM information_schema.columns "
+                "WHERE table_name = 'sessions' AND column_name = 'state'"
+            ).fetchone()
+            cur = conn.execute(
+                f"UPDATE sessions SET state = jsonb_set(state::jsonb, '{{pressure}}', '\"normal\"')::{kind} "
+                "WHERE session_id = %s",
+                (sid,),
+            )
             assert cur.rowcount == 1
 
     check_tampering_is_caught(Cli(tmp_path, env), sid, tamper)
@@ -294,8 +308,12 @@ def test_unknown_session_and_bad_options(tmp_path):
     for cmd in (("history", "nope"), ("replay", "nope"), ("replay", "nope", "--compact-at", 7000)):
         j = cli.run(*cmd, "--json", ok=False)
         assert j.returncode == 2
-        assert json.loads(j.stdout) == {"code": "unknown_session", "error": "UnknownSession",
-                                        "message": "no session nope", "session_id": "nope"}
+        assert json.loads(j.stdout) == {
+            "code": "unknown_session",
+            "error": "UnknownSession",
+            "message": "no session nope",
+            "session_id": "nope",
+        }
     assert not (tmp_path / "nope.html").exists()
 
     bad_id = cli.run("history", "bad id!", "--json", ok=False)
@@ -330,8 +348,9 @@ def _check_refuses_unupgraded(cli: Cli, commands: tuple[tuple[str, ...], ...] = 
 
 def test_unupgraded_sqlite_is_refused_with_the_fix(tmp_path):
     missing = tmp_path / "missing.db"
-    _check_refuses_unupgraded(Cli(tmp_path, base_env(TRACKER_DATABASE_URL=f"sqlite:///{missing}")),
-                              DATA_COMMANDS + DATA_COMMANDS[:1])  # every command; text and --json alternate
+    _check_refuses_unupgraded(
+        Cli(tmp_path, base_env(TRACKER_DATABASE_URL=f"sqlite:///{missing}")), DATA_COMMANDS + DATA_COMMANDS[:1]
+    )  # every command; text and --json alternate
     assert not missing.exists(), "looking at a database must not create it"
 
     empty = tmp_path / "empty.db"

@@ -74,8 +74,10 @@ class Sync:
         if self.loop is None:
             return method
         if name == "history":
+
             async def collect(*a: Any, **kw: Any) -> list[Any]:
                 return [e async for e in method(*a, **kw)]
+
             return lambda *a, **kw: iter(self.loop.run(collect(*a, **kw)))
         return lambda *a, **kw: self.loop.run(method(*a, **kw))
 
@@ -159,8 +161,13 @@ def test_proceed_then_compact_then_commit(tracker):
     assert tracker.state(s).revision == 2
     events = list(tracker.history(s))
     assert all(isinstance(e, StoredEvent) for e in events)
-    assert [e.type for e in events] == ["SessionStarted", "ContextMeasured", "ContextMeasured",
-                                        "CompactionStarted", "CompactionCommitted"]
+    assert [e.type for e in events] == [
+        "SessionStarted",
+        "ContextMeasured",
+        "ContextMeasured",
+        "CompactionStarted",
+        "CompactionCommitted",
+    ]
     assert [e.version for e in events] == [1, 2, 3, 4, 5]
     assert [e.type for e in tracker.history(s, 4)] == ["CompactionStarted", "CompactionCommitted"]
 
@@ -244,10 +251,25 @@ class Flaky(http.server.BaseHTTPRequestHandler):
         pass
 
 
-OBSERVED = {"session_id": "s", "version": 2, "action": "proceed", "pressure": "normal", "pressure_before": "normal",
-            "occupancy_bp": 100, "threshold_bp": 8000, "threshold_source": "default", "compact_level": 80_000,
-            "rearm_level": 60_000, "hard_level": LIMIT, "growth_fired": False, "trigger": None, "basis": "r1:a",
-            "revision": 1, "attempt": None, "waiting_on": None}
+OBSERVED = {
+    "session_id": "s",
+    "version": 2,
+    "action": "proceed",
+    "pressure": "normal",
+    "pressure_before": "normal",
+    "occupancy_bp": 100,
+    "threshold_bp": 8000,
+    "threshold_source": "default",
+    "compact_level": 80_000,
+    "rearm_level": 60_000,
+    "hard_level": LIMIT,
+    "growth_fired": False,
+    "trigger": None,
+    "basis": "r1:a",
+    "revision": 1,
+    "attempt": None,
+    "waiting_on": None,
+}
 UNAVAILABLE = {"code": "store_unavailable", "error": "StoreUnavailable", "message": "database down"}
 
 
@@ -283,8 +305,9 @@ def test_a_recorded_count_timeout_and_a_refusal_are_not_retried(flaky):
         c.observe("s", measurement=m("r1:a", 100))
     assert len(Flaky.seen) == 1
     Flaky.seen.clear()
-    Flaky.script = [(409, {"code": "context_limit", "error": "ContextLimitError", "message": "full",
-                           "input_limit": LIMIT})]
+    Flaky.script = [
+        (409, {"code": "context_limit", "error": "ContextLimitError", "message": "full", "input_limit": LIMIT})
+    ]
     with TrackerClient(flaky, "t", backoff_s=0.01) as c, pytest.raises(ContextLimitError) as exc:
         c.observe("s", measurement=m("r1:a", LIMIT))
     assert exc.value.details["input_limit"] == LIMIT and len(Flaky.seen) == 1
@@ -293,7 +316,9 @@ def test_a_recorded_count_timeout_and_a_refusal_are_not_retried(flaky):
 def test_connection_refused_is_retried_then_store_unavailable():
     port = free_port()  # nothing listens here
     started = time.monotonic()
-    with TrackerClient(f"http://127.0.0.1:{port}", "t", retries=2, backoff_s=0.01) as c, \
-            pytest.raises(StoreUnavailable):
+    with (
+        TrackerClient(f"http://127.0.0.1:{port}", "t", retries=2, backoff_s=0.01) as c,
+        pytest.raises(StoreUnavailable),
+    ):
         c.state("s")
     assert time.monotonic() - started < 10

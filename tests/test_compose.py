@@ -49,7 +49,10 @@ def resolved() -> dict:
         pytest.skip("docker-compose is not installed (apt-get install docker-compose; .ci/run does)")
     out = subprocess.run(
         [DOCKER_COMPOSE, "--project-directory", str(ROOT), "-f", str(COMPOSE), "--profile", "demo", "config"],
-        cwd=ROOT, capture_output=True, text=True, timeout=60,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert out.returncode == 0, f"docker-compose config refused the file:\n{out.stderr}"
     return _yaml().safe_load(out.stdout)
@@ -58,8 +61,9 @@ def resolved() -> dict:
 def test_compose_config_is_valid_and_quiet():
     if DOCKER_COMPOSE is None:
         pytest.skip("docker-compose is not installed (apt-get install docker-compose; .ci/run does)")
-    out = subprocess.run([DOCKER_COMPOSE, "-f", str(COMPOSE), "config", "--quiet"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [DOCKER_COMPOSE, "-f", str(COMPOSE), "config", "--quiet"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0, out.stderr
     assert "WARNING" not in out.stderr.upper(), out.stderr
 
@@ -125,8 +129,10 @@ def test_every_service_command_is_a_real_tracker_command(resolved):
         for cmd in (sub, argv):
             out = subprocess.run([TRACKER, *cmd, "--help"], capture_output=True, text=True, env=env, timeout=60)
             if out.returncode != 0:
-                failures.append(f"{name}: `tracker {' '.join(cmd)} --help` exited {out.returncode}: "
-                                f"{(out.stderr or out.stdout).strip()[-300:]}")
+                failures.append(
+                    f"{name}: `tracker {' '.join(cmd)} --help` exited {out.returncode}: "
+                    f"{(out.stderr or out.stdout).strip()[-300:]}"
+                )
     assert not failures, "\n".join(failures)
 
 
@@ -181,11 +187,16 @@ def test_dockerfile_copy_sources_exist():
 
 
 def test_dockerignore_keeps_what_the_dockerfile_copies():
-    ignored = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
-               if line.strip() and not line.startswith("#")]
+    ignored = [
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
     for sources, _, _ in _copies():
         for src in sources:
-            assert src not in ignored and Path(src).parts[0] not in ignored, f"{src} is copied but .dockerignore drops it"
+            assert src not in ignored and Path(src).parts[0] not in ignored, (
+                f"{src} is copied but .dockerignore drops it"
+            )
 
 
 def _build_layout(tmp: Path) -> Path:
@@ -216,13 +227,25 @@ def test_image_layout_runs_migrations_and_has_the_demo_models(tmp_path, resolved
     data.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRACKER_")}
     env.update(PYTHONPATH=str(app_dir), TRACKER_DATABASE_URL=f"sqlite:///{data / 't.db'}", PYTHONDONTWRITEBYTECODE="1")
-    where = subprocess.run([sys.executable, "-c", "import tracker, workers, sys; print(tracker.__file__); print(workers.__file__)"],
-                           cwd=data, env=env, capture_output=True, text=True, timeout=60)
+    where = subprocess.run(
+        [sys.executable, "-c", "import tracker, workers, sys; print(tracker.__file__); print(workers.__file__)"],
+        cwd=data,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert where.returncode == 0, where.stderr
     assert all(line.startswith(str(app_dir)) for line in where.stdout.split()), where.stdout
 
-    up = subprocess.run([sys.executable, "-m", "tracker.cli", "db", "upgrade", "--json"], cwd=data, env=env,
-                        capture_output=True, text=True, timeout=120)
+    up = subprocess.run(
+        [sys.executable, "-m", "tracker.cli", "db", "upgrade", "--json"],
+        cwd=data,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert up.returncode == 0, up.stderr + up.stdout
     assert json.loads(up.stdout)["ok"] is True
 

@@ -45,8 +45,14 @@ L = 100_000  # default levels on this limit: compact 80,000, rearm 60,000, hard 
 
 
 def meas(through: str, used: int, limit: int = L, revision: int = 1, quality: str = "exact_local") -> Measurement:
-    return Measurement(basis=Basis(revision, through), model=ModelRef("test", "model"), fingerprint=FP,
-                       input_tokens=used, input_limit=limit, quality=quality)
+    return Measurement(
+        basis=Basis(revision, through),
+        model=ModelRef("test", "model"),
+        fingerprint=FP,
+        input_tokens=used,
+        input_limit=limit,
+        quality=quality,
+    )
 
 
 class Session:
@@ -70,12 +76,23 @@ class Session:
     def types(self, outcome: Outcome) -> list[str]:
         return [e.TYPE for e in outcome.events]
 
-    def measure(self, through: str, used: int, limit: int = L, *, revision: int | None = None, dt: float = 1.0,
-                quality: str = "exact_local", **kw) -> Outcome:
+    def measure(
+        self,
+        through: str,
+        used: int,
+        limit: int = L,
+        *,
+        revision: int | None = None,
+        dt: float = 1.0,
+        quality: str = "exact_local",
+        **kw,
+    ) -> Outcome:
         self.now += dt
         self.seq += 1
         m = meas(through, used, limit, self.state.revision if revision is None else revision, quality)
-        return self._record(decide_measure(self.state, self.policy, m, now=self.now, new_attempt_id=f"a{self.seq}", **kw))
+        return self._record(
+            decide_measure(self.state, self.policy, m, now=self.now, new_attempt_id=f"a{self.seq}", **kw)
+        )
 
     def manual(self, dt: float = 1.0, **kw) -> Outcome:
         self.now += dt
@@ -84,15 +101,29 @@ class Session:
 
     def commit(self, attempt, tokens_after: int, *, token: int | None = None, dt: float = 1.0) -> Outcome:
         self.now += dt
-        return self._record(decide_commit(self.state, attempt_id=attempt.attempt_id,
-                                          fencing_token=attempt.fencing_token if token is None else token,
-                                          tokens_after=tokens_after, now=self.now))
+        return self._record(
+            decide_commit(
+                self.state,
+                attempt_id=attempt.attempt_id,
+                fencing_token=attempt.fencing_token if token is None else token,
+                tokens_after=tokens_after,
+                now=self.now,
+            )
+        )
 
-    def reject(self, attempt, reason: str = "execution_failed", *, token: int | None = None, dt: float = 1.0) -> Outcome:
+    def reject(
+        self, attempt, reason: str = "execution_failed", *, token: int | None = None, dt: float = 1.0
+    ) -> Outcome:
         self.now += dt
-        return self._record(decide_reject(self.state, attempt_id=attempt.attempt_id,
-                                          fencing_token=attempt.fencing_token if token is None else token,
-                                          reject_reason=reason, now=self.now))
+        return self._record(
+            decide_reject(
+                self.state,
+                attempt_id=attempt.attempt_id,
+                fencing_token=attempt.fencing_token if token is None else token,
+                reject_reason=reason,
+                now=self.now,
+            )
+        )
 
 
 def action(o: Outcome) -> str:
@@ -322,7 +353,12 @@ def test_growth_trigger_opens_an_attempt_at_normal_pressure():
     o = s.measure("m2", 39_999)
     assert (o.decision.growth_fired, action(o)) == (False, "proceed")
     o = s.measure("m3", 69_999)  # +30,000 = +0.3 of 100k
-    assert (pressure(o), o.decision.growth_fired, action(o), o.decision.trigger) == ("normal", True, "compact", "growth")
+    assert (pressure(o), o.decision.growth_fired, action(o), o.decision.trigger) == (
+        "normal",
+        True,
+        "compact",
+        "growth",
+    )
     assert o.events[-1].trigger == "growth"
 
 
@@ -427,7 +463,13 @@ def test_commit_advances_revision_and_old_measurements_are_stale():
     assert s.types(o) == ["CompactionCommitted"]
     c = o.events[0]
     assert (c.attempt_id, c.reason, c.basis, c.new_revision, c.tokens_before, c.tokens_after) == (
-        "a1", "automatic", "r1:m1", 2, 85_000, 30_000)
+        "a1",
+        "automatic",
+        "r1:m1",
+        2,
+        85_000,
+        30_000,
+    )
     assert c.duration_ms == 1000
     assert s.state.revision == 2 and not s.state.open_attempts
     assert o.attempt == a and o.error is None
@@ -440,7 +482,11 @@ def test_commit_advances_revision_and_old_measurements_are_stale():
     # refusal recorded, nothing else changed
     assert s.state.version == before.version + 1
     assert (s.state.pressure, s.state.revision, s.state.last, s.state.exhausted) == (
-        before.pressure, before.revision, before.last, before.exhausted)
+        before.pressure,
+        before.revision,
+        before.last,
+        before.exhausted,
+    )
     o = s.measure("m2", 40_000)  # at the new revision
     assert (o.decision.basis, pressure(o)) == ("r2:m2", "normal")
 
@@ -523,8 +569,13 @@ def test_reject_records_reason_and_exhausts_basis():
     o = s.reject(a, "model_refused")
     assert s.types(o) == ["CompactionRejected"]
     r = o.events[0]
-    assert (r.attempt_id, r.reason, r.basis, r.reject_reason, r.duration_ms) == ("a1", "automatic", "r1:m1",
-                                                                                   "model_refused", 1000)
+    assert (r.attempt_id, r.reason, r.basis, r.reject_reason, r.duration_ms) == (
+        "a1",
+        "automatic",
+        "r1:m1",
+        "model_refused",
+        1000,
+    )
     assert s.state.outcome_of("a1") == "rejected:model_refused"
     assert s.state.revision == 1
 
@@ -590,8 +641,10 @@ def test_reject_bad_reason_raises(reason):
     assert exc.value.field == "reject_reason"
 
 
-@pytest.mark.parametrize("attempt_id, token, field", [("", 1, "attempt_id"), (None, 1, "attempt_id"),
-                                                      ("a1", "1", "fencing_token"), ("a1", None, "fencing_token")])
+@pytest.mark.parametrize(
+    "attempt_id, token, field",
+    [("", 1, "attempt_id"), (None, 1, "attempt_id"), ("a1", "1", "fencing_token"), ("a1", None, "fencing_token")],
+)
 def test_commit_bad_holder_fields_raise(attempt_id, token, field):
     s = Session()
     s.measure("m1", 85_000)
@@ -756,8 +809,14 @@ def test_attempt_lease_policy_is_used():
     ],
 )
 def test_malformed_measurement_cannot_be_built(kw, field):
-    base = dict(basis=Basis(1, "m1"), model=ModelRef("p", "m"), fingerprint=FP, input_tokens=1, input_limit=10,
-                quality="exact_local")
+    base = dict(
+        basis=Basis(1, "m1"),
+        model=ModelRef("p", "m"),
+        fingerprint=FP,
+        input_tokens=1,
+        input_limit=10,
+        quality="exact_local",
+    )
     with pytest.raises(MalformedMeasurement) as exc:
         Measurement(**{**base, **kw})
     assert exc.value.field == field
@@ -809,8 +868,17 @@ def test_heuristic_quality_is_allowed_by_allow_conservative():
 def test_count_failed_is_recorded_and_decides_nothing():
     s = Session()
     s.measure("m1", 50_000)
-    o = s._record(decide_count_failed(s.state, s.policy, CountTimeout("no count within 2.0s"), model="gpt",
-                                      duration_ms=2001, now=s.now + 3, basis=Basis(1, "m2")))
+    o = s._record(
+        decide_count_failed(
+            s.state,
+            s.policy,
+            CountTimeout("no count within 2.0s"),
+            model="gpt",
+            duration_ms=2001,
+            now=s.now + 3,
+            basis=Basis(1, "m2"),
+        )
+    )
     assert s.types(o) == ["CountFailed"]
     assert (o.events[0].kind, o.events[0].duration_ms, o.events[0].basis) == ("CountTimeout", 2001, "r1:m2")
     assert isinstance(o.error, CountTimeout)
@@ -934,10 +1002,22 @@ def test_policy_from_env():
     def from_env(env):
         return Settings.load(env).policy
 
-    p = from_env({"TRACKER_COMPACT_AT_BP": "7000", "TRACKER_AUTOMATIC": "true", "TRACKER_TURN_DELTA": "0.25",
-                         "TRACKER_COUNT_TIMEOUT_S": "1.5", "TRACKER_SAFETY_MARGIN": ""})
-    assert (p.compact_at_bp, p.automatic, p.turn_delta, p.count_timeout_s, p.safety_margin) == (7000, True, 0.25, 1.5,
-                                                                                               8192)
+    p = from_env(
+        {
+            "TRACKER_COMPACT_AT_BP": "7000",
+            "TRACKER_AUTOMATIC": "true",
+            "TRACKER_TURN_DELTA": "0.25",
+            "TRACKER_COUNT_TIMEOUT_S": "1.5",
+            "TRACKER_SAFETY_MARGIN": "",
+        }
+    )
+    assert (p.compact_at_bp, p.automatic, p.turn_delta, p.count_timeout_s, p.safety_margin) == (
+        7000,
+        True,
+        0.25,
+        1.5,
+        8192,
+    )
     assert from_env({"TRACKER_TURN_DELTA": "off"}).turn_delta is None
     with pytest.raises(InvalidSetting) as exc:
         from_env({"TRACKER_COMPACT_AT_BP": "eighty"})

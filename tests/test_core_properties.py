@@ -47,8 +47,9 @@ SID = "prop-session"
 # -- strategies -------------------------------------------------------------------------------
 
 policies_base = st.integers(2, 9999).flatmap(lambda c: st.tuples(st.just(c), st.integers(1, c - 1)))
-limits_any = st.one_of(st.integers(1, 2_000_000), st.sampled_from([8_000, 200_000, 299_999, 300_000, 300_001,
-                                                                    1_000_000, 975_424]))
+limits_any = st.one_of(
+    st.integers(1, 2_000_000), st.sampled_from([8_000, 200_000, 299_999, 300_000, 300_001, 1_000_000, 975_424])
+)
 explicit_t = st.one_of(
     st.floats(min_value=0.0001, max_value=1.0, allow_nan=False),
     st.sampled_from([0.0001, 0.1, 0.29, 0.4, 0.45, 0.57, 0.8, 0.9, 1.0]),
@@ -81,8 +82,13 @@ def test_ceiling_only_lowers_and_never_binds_at_or_below_300k(base, L, t):
 
 
 @settings(max_examples=400, deadline=None)
-@given(base=policies_base, L=limits_any, t=st.one_of(st.none(), explicit_t), scope=st.one_of(st.none(), scopes),
-       conf=confidences)
+@given(
+    base=policies_base,
+    L=limits_any,
+    t=st.one_of(st.none(), explicit_t),
+    scope=st.one_of(st.none(), scopes),
+    conf=confidences,
+)
 def test_request_threshold_never_raises_a_level(base, L, t, scope, conf):
     c, r = base
     default = resolve_threshold(c, r)
@@ -117,9 +123,15 @@ def test_compact_level_is_exactly_the_occupancy_threshold(C, L, data):
 @given(
     base=st.sampled_from([(8000, 6000), (5000, 2000), (9000, 8999), (3000, 1)]),
     L=st.sampled_from([100_000, 175_424, 1_000_000, 37]),
-    steps=st.lists(st.tuples(st.integers(0, 12_000), st.sampled_from(["measure", "measure", "measure", "reject",
-                                                                      "manual"]), st.integers(0, 5)),
-                   min_size=1, max_size=30),
+    steps=st.lists(
+        st.tuples(
+            st.integers(0, 12_000),
+            st.sampled_from(["measure", "measure", "measure", "reject", "manual"]),
+            st.integers(0, 5),
+        ),
+        min_size=1,
+        max_size=30,
+    ),
     per_episode=st.integers(1, 3),
 )
 def test_hysteresis_in_the_band_keeps_pressure(base, L, steps, per_episode):
@@ -147,8 +159,9 @@ def test_hysteresis_in_the_band_keeps_pressure(base, L, steps, per_episode):
             a = state.open_automatic or state.open_manual
             if a is None:
                 continue
-            o = decide_reject(state, attempt_id=a.attempt_id, fencing_token=a.fencing_token, reject_reason="no",
-                              now=now)
+            o = decide_reject(
+                state, attempt_id=a.attempt_id, fencing_token=a.fencing_token, reject_reason="no", now=now
+            )
         else:
             o = decide_manual(state, policy, now=now, new_attempt_id=f"m{i}")
         state = o.state
@@ -161,16 +174,31 @@ THROUGH = st.sampled_from(["h1", "h2", "h3", "h4"])
 LIMITS = st.sampled_from([8_000, 100_000, 300_000, 1_000_000])
 DT = st.sampled_from([0, 0.5, 1, 1, 1, 1, 2, 5, 30, 61])
 THRESH = st.one_of(
-    st.none(), st.none(),
+    st.none(),
+    st.none(),
     st.tuples(st.just("t"), st.sampled_from([0.3, 0.45, 0.8, 0.95, 1.0])),
     st.tuples(st.just("scope"), scopes, st.sampled_from([0.3, 0.5, 0.9])),
 )
-MEASURE = st.tuples(st.just("measure"), THROUGH, st.one_of(st.integers(0, 12_000), st.integers(5_500, 10_500)),
-                    LIMITS, THRESH, DT, st.integers(0, 5))
+MEASURE = st.tuples(
+    st.just("measure"),
+    THROUGH,
+    st.one_of(st.integers(0, 12_000), st.integers(5_500, 10_500)),
+    LIMITS,
+    THRESH,
+    DT,
+    st.integers(0, 5),
+)
 OPS = st.one_of(
-    MEASURE, MEASURE, MEASURE,
-    st.tuples(st.just("commit"), st.sampled_from(["auto", "auto", "manual", "any", "old", "ghost"]),
-              st.one_of(st.integers(0, 6_000), st.integers(0, 12_000)), st.booleans(), DT),
+    MEASURE,
+    MEASURE,
+    MEASURE,
+    st.tuples(
+        st.just("commit"),
+        st.sampled_from(["auto", "auto", "manual", "any", "old", "ghost"]),
+        st.one_of(st.integers(0, 6_000), st.integers(0, 12_000)),
+        st.booleans(),
+        DT,
+    ),
     st.tuples(st.just("reject"), st.sampled_from(["auto", "auto", "manual", "any", "old", "ghost"]), st.booleans(), DT),
     st.tuples(st.just("manual"), DT),
     st.tuples(st.just("time"), st.sampled_from([10, 59, 60, 120])),
@@ -224,8 +252,9 @@ class Runner:
             return s.open_automatic or s.open_manual
         if which == "old" and self.seen:
             e = self.seen[self.n % len(self.seen)]
-            return type("A", (), {"attempt_id": e.attempt_id, "fencing_token": e.fencing_token,
-                                  "input_limit": e.input_limit})()
+            return type(
+                "A", (), {"attempt_id": e.attempt_id, "fencing_token": e.fencing_token, "input_limit": e.input_limit}
+            )()
         return type("A", (), {"attempt_id": "ghost", "fencing_token": 1, "input_limit": None})()
 
     def _decide(self, op: tuple):
@@ -253,11 +282,21 @@ class Runner:
         if kind == "commit":
             limit = target.input_limit or 100_000
             token = target.fencing_token if op[3] else target.fencing_token + 7
-            return decide_commit(self.state, attempt_id=target.attempt_id, fencing_token=token,
-                                 tokens_after=limit * op[2] // 10_000, now=self.now)
+            return decide_commit(
+                self.state,
+                attempt_id=target.attempt_id,
+                fencing_token=token,
+                tokens_after=limit * op[2] // 10_000,
+                now=self.now,
+            )
         token = target.fencing_token if op[2] else target.fencing_token + 7
-        return decide_reject(self.state, attempt_id=target.attempt_id, fencing_token=token,
-                             reject_reason="execution_failed", now=self.now)
+        return decide_reject(
+            self.state,
+            attempt_id=target.attempt_id,
+            fencing_token=token,
+            reject_reason="execution_failed",
+            now=self.now,
+        )
 
 
 def run_ops(policy: Policy, ops: list[tuple]) -> Runner:

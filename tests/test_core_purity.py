@@ -12,8 +12,18 @@ from pathlib import Path
 import pytest
 
 CORE = Path(__file__).resolve().parents[1] / "tracker" / "core"
-ALLOWED = {"__future__", "dataclasses", "typing", "fractions", "math", "re", "functools", "collections.abc",
-           "decimal", "tracker.errors"}
+ALLOWED = {
+    "__future__",
+    "dataclasses",
+    "typing",
+    "fractions",
+    "math",
+    "re",
+    "functools",
+    "collections.abc",
+    "decimal",
+    "tracker.errors",
+}
 FORBIDDEN_CALLS = {"open", "print", "input", "exec", "eval"}
 
 
@@ -23,7 +33,9 @@ def test_core_module_is_pure(path: Path) -> None:
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
-                assert alias.name in ALLOWED or alias.name.startswith("tracker.core"), f"{path.name} imports {alias.name}"
+                assert alias.name in ALLOWED or alias.name.startswith("tracker.core"), (
+                    f"{path.name} imports {alias.name}"
+                )
         elif isinstance(node, ast.ImportFrom):
             mod = node.module or ""
             assert mod in ALLOWED or mod.startswith("tracker.core"), f"{path.name} imports from {mod}"

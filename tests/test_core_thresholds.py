@@ -88,9 +88,16 @@ def test_occupancy_limit_zero_is_an_error():
     assert exc.value.field == "input_limit"
 
 
-@pytest.mark.parametrize("used, limit, field", [(-1, 100, "input_tokens"), (1.5, 100, "input_tokens"),
-                                                (True, 100, "input_tokens"), (1, -5, "input_limit"),
-                                                (1, 10.0, "input_limit")])
+@pytest.mark.parametrize(
+    "used, limit, field",
+    [
+        (-1, 100, "input_tokens"),
+        (1.5, 100, "input_tokens"),
+        (True, 100, "input_tokens"),
+        (1, -5, "input_limit"),
+        (1, 10.0, "input_limit"),
+    ],
+)
 def test_occupancy_rejects_non_integers_and_negatives(used, limit, field):
     with pytest.raises(MalformedMeasurement) as exc:
         occupancy_bp(used, limit)
@@ -101,8 +108,14 @@ def test_occupancy_rejects_non_integers_and_negatives(used, limit, field):
 
 
 def limit(window, max_output=None, max_input=None, reserved=16384, margin=8192):
-    return resolve_input_limit(window=window, max_output_tokens=max_output, max_input_tokens=max_input,
-                               reserved_output=reserved, safety_margin=margin, model="m")
+    return resolve_input_limit(
+        window=window,
+        max_output_tokens=max_output,
+        max_input_tokens=max_input,
+        reserved_output=reserved,
+        safety_margin=margin,
+        model="m",
+    )
 
 
 def test_input_limit_window_minus_reserved_minus_margin():
@@ -181,8 +194,24 @@ def test_explicit_threshold_uncapped_values_with_a_high_base():
 
 
 @pytest.mark.parametrize(
-    "t", [0, 0.0, -0.1, 1.0000001, 1.5, 2, float("nan"), float("inf"), float("-inf"), "0.5", "abc", True, False,
-          [0.5], {"t": 0.5}]
+    "t",
+    [
+        0,
+        0.0,
+        -0.1,
+        1.0000001,
+        1.5,
+        2,
+        float("nan"),
+        float("inf"),
+        float("-inf"),
+        "0.5",
+        "abc",
+        True,
+        False,
+        [0.5],
+        {"t": 0.5},
+    ],
 )
 def test_explicit_threshold_invalid_names_the_field(t):
     with pytest.raises(InvalidInput) as exc:

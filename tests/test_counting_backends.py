@@ -53,7 +53,9 @@ def test_measure_exact_in_process(backend):
     assert m.basis == BASIS and m.model.provider == "openai" and m.model.name == "gpt-4o"
     assert m.quality == "exact_local" and m.input_limit == 128_000 - 16_384 - 8_192
     assert m.fingerprint == CanonicalRequest.from_dict(REQUEST).fingerprint
-    same = backend.measure(CanonicalRequest.from_dict(REQUEST), model="gpt-4o-2024-08-06", basis="r2:msg-3", policy=Policy())
+    same = backend.measure(
+        CanonicalRequest.from_dict(REQUEST), model="gpt-4o-2024-08-06", basis="r2:msg-3", policy=Policy()
+    )
     assert same.input_tokens == m.input_tokens and same.basis == BASIS and same.model.name == "gpt-4o"
 
 
@@ -136,7 +138,9 @@ def test_validate_count_rules(registry):
     good = CountResult(10, "gpt-4o", "exact_local", req.fingerprint)
 
     def check(raw, policy=Policy(), limit=1000):
-        return validate_count(raw, request=req, spec=spec, declared_quality="exact_local", policy=policy, basis=BASIS, input_limit=limit)
+        return validate_count(
+            raw, request=req, spec=spec, declared_quality="exact_local", policy=policy, basis=BASIS, input_limit=limit
+        )
 
     assert check(good).input_tokens == 10
     assert check(good.to_data()).input_tokens == 10
@@ -148,8 +152,12 @@ def test_validate_count_rules(registry):
     with pytest.raises(QualityMismatch):
         validate_count(
             CountResult(10, "gpt-4o", "heuristic_estimate", req.fingerprint),
-            request=req, spec=spec, declared_quality="heuristic_estimate",
-            policy=Policy(counter_policy="require_exact"), basis=BASIS, input_limit=1000,
+            request=req,
+            spec=spec,
+            declared_quality="heuristic_estimate",
+            policy=Policy(counter_policy="require_exact"),
+            basis=BASIS,
+            input_limit=1000,
         )
     for bad in (-1, 1.5, True, "10", None):
         with pytest.raises(MalformedMeasurement) as info:

@@ -42,11 +42,30 @@ REQUESTS = [
     {
         "system": "You are a coding agent.",
         "messages": [
-            {"role": "user", "content": "Fix the bug in parse():\n```python\ndef parse(s):\n    return int(s.strip()) + 1\n```"},
-            {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "run", "arguments": '{"cmd": "pytest -q"}'}}]},
-            {"role": "tool", "tool_call_id": "c1", "content": "1 failed, 12 passed — ValueError: invalid literal for int() with base 10: 'x'"},
+            {
+                "role": "user",
+                "content": "Fix the bug in parse():\n```python\ndef parse(s):\n    return int(s.strip()) + 1\n```",
+            },
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "run", "arguments": '{"cmd": "pytest -q"}'}}
+                ],
+            },
+            {
+                "role": "tool",
+                "tool_call_id": "c1",
+                "content": "1 failed, 12 passed — ValueError: invalid literal for int() with base 10: 'x'",
+            },
         ],
-        "tools": [{"name": "run", "description": "Run a command", "input_schema": {"type": "object", "properties": {"cmd": {"type": "string"}}}}],
+        "tools": [
+            {
+                "name": "run",
+                "description": "Run a command",
+                "input_schema": {"type": "object", "properties": {"cmd": {"type": "string"}}},
+            }
+        ],
     },
     {"messages": [{"role": "user", "content": "Übersetze: 人人生而自由 🎉 " * 50}]},
 ]
@@ -77,8 +96,12 @@ def models_file(tmp_path_factory):
 def workers(models_file):
     """The main worker, and a second one on its own queue that a test kills with SIGKILL."""
     run = uuid.uuid4().hex[:10]
-    main = WorkerProcess(broker=REDIS_URL, backend=REDIS_URL, queue=f"ct-count-{run}", env={"TRACKER_MODELS_FILE": models_file})
-    doomed = WorkerProcess(broker=REDIS_URL, backend=REDIS_URL, queue=f"ct-doomed-{run}", env={"TRACKER_MODELS_FILE": models_file})
+    main = WorkerProcess(
+        broker=REDIS_URL, backend=REDIS_URL, queue=f"ct-count-{run}", env={"TRACKER_MODELS_FILE": models_file}
+    )
+    doomed = WorkerProcess(
+        broker=REDIS_URL, backend=REDIS_URL, queue=f"ct-doomed-{run}", env={"TRACKER_MODELS_FILE": models_file}
+    )
     main.start()
     doomed.start()  # both start in parallel
     app = make_app(broker=REDIS_URL, backend=REDIS_URL, queue=main.queue)
@@ -202,7 +225,9 @@ def test_concurrent_counts_through_celery(celery_backend, local_backend):
 
     def work() -> None:
         for _ in range(10):
-            results.append(celery_backend.measure(REQUESTS[1], model="gpt-4o", basis=BASIS, policy=Policy()).input_tokens)
+            results.append(
+                celery_backend.measure(REQUESTS[1], model="gpt-4o", basis=BASIS, policy=Policy()).input_tokens
+            )
 
     threads = [threading.Thread(target=work) for _ in range(4)]
     for t in threads:

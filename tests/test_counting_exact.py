@@ -99,7 +99,12 @@ PROSE = textwrap.dedent(json.__doc__ or "") + "\n" + (inspect.getdoc(random.Rand
 JSON_OUTPUT = json.dumps(
     {
         "results": [
-            {"id": str(uuid.UUID(int=i * 7919)), "path": f"src/module_{i}.py", "score": round(1 / (i + 1), 4), "ok": i % 3 != 0}
+            {
+                "id": str(uuid.UUID(int=i * 7919)),
+                "path": f"src/module_{i}.py",
+                "score": round(1 / (i + 1), 4),
+                "ok": i % 3 != 0,
+            }
             for i in range(40)
         ],
         "next_cursor": "eyJwYWdlIjogMn0=",
@@ -132,7 +137,10 @@ COOKBOOK_REQUESTS = [
     [{"role": "user", "content": "What does this tool output say?\n" + JSON_OUTPUT}],
     [{"role": "user", "content": "Decode this attachment: " + BLOB}],
     [{"role": "user", "content": "Special-looking text <|endoftext|> and <|fim_prefix|> stays text."}],
-    [{"role": "developer", "content": "Follow the style guide."}, {"role": "user", "content": "   leading spaces\n\n\ttabs\r\nCRLF  "}],
+    [
+        {"role": "developer", "content": "Follow the style guide."},
+        {"role": "user", "content": "   leading spaces\n\n\ttabs\r\nCRLF  "},
+    ],
 ]
 
 
@@ -157,9 +165,19 @@ AGENT_REQUEST = {
         {
             "role": "assistant",
             "content": "Running the tests.",
-            "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "run", "arguments": '{"cmd": "pytest -x", "timeout": 120}'}}],
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "run", "arguments": '{"cmd": "pytest -x", "timeout": 120}'},
+                }
+            ],
         },
-        {"role": "tool", "tool_call_id": "call_1", "content": "FAILED tests/test_api.py::test_limit - assert 3 == 4\n" + JSON_OUTPUT[:1500]},
+        {
+            "role": "tool",
+            "tool_call_id": "call_1",
+            "content": "FAILED tests/test_api.py::test_limit - assert 3 == 4\n" + JSON_OUTPUT[:1500],
+        },
         {
             "role": "assistant",
             "content": [
@@ -167,12 +185,40 @@ AGENT_REQUEST = {
                 {"type": "tool_use", "id": "call_2", "name": "read", "input": {"path": "src/api.py", "lines": [1, 80]}},
             ],
         },
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "call_2", "content": [{"type": "text", "text": CODE[:3000]}]}]},
-        {"role": "user", "content": [{"type": "text", "text": "Here is a screenshot."}, {"type": "image", "width": 1024, "height": 768, "detail": "high"}]},
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": "call_2", "content": [{"type": "text", "text": CODE[:3000]}]}
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "Here is a screenshot."},
+                {"type": "image", "width": 1024, "height": 768, "detail": "high"},
+            ],
+        },
     ],
     "tools": [
-        {"type": "function", "function": {"name": "run", "description": "Run a shell command", "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}, "timeout": {"type": "integer"}}}}},
-        {"name": "read", "description": "Read a file", "input_schema": {"type": "object", "properties": {"path": {"type": "string"}, "lines": {"type": "array", "items": {"type": "integer"}}}}},
+        {
+            "type": "function",
+            "function": {
+                "name": "run",
+                "description": "Run a shell command",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"cmd": {"type": "string"}, "timeout": {"type": "integer"}},
+                },
+            },
+        },
+        {
+            "name": "read",
+            "description": "Read a file",
+            "input_schema": {
+                "type": "object",
+                "properties": {"path": {"type": "string"}, "lines": {"type": "array", "items": {"type": "integer"}}},
+            },
+        },
     ],
 }
 
@@ -196,7 +242,15 @@ def reference_agent_count(enc) -> int:
     # 1024x768 high: short side to 768 -> 1024x768 -> 2x2 tiles -> 85 + 4*170
     n += 3 + t("user") + t("Here is a screenshot.") + 85 + 170 * 4
     n += 3
-    n += t(cj({"name": "run", "description": "Run a shell command", "parameters": AGENT_REQUEST["tools"][0]["function"]["parameters"]}))
+    n += t(
+        cj(
+            {
+                "name": "run",
+                "description": "Run a shell command",
+                "parameters": AGENT_REQUEST["tools"][0]["function"]["parameters"],
+            }
+        )
+    )
     n += t(cj({"name": "read", "description": "Read a file", "parameters": AGENT_REQUEST["tools"][1]["input_schema"]}))
     return n
 
@@ -257,7 +311,12 @@ def test_exact_counter_works_with_no_network_and_empty_tiktoken_cache(tmp_path):
     env = {**os.environ, "TIKTOKEN_CACHE_DIR": str(cache), "PYTHONPATH": ROOT}
     env.pop("DATA_GYM_CACHE_DIR", None)
     proc = subprocess.run(
-        [sys.executable, "-c", script, json.dumps(AGENT_REQUEST)], capture_output=True, text=True, env=env, timeout=60, cwd=ROOT
+        [sys.executable, "-c", script, json.dumps(AGENT_REQUEST)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -283,14 +342,26 @@ def realistic_corpus() -> list[dict]:
     rng = random.Random(11)
     requests = [as_request(m) for m in COOKBOOK_REQUESTS] + [AGENT_REQUEST]
     sources = [inspect.getsource(m) for m in (argparse, collections, http.client, email.message)]
-    docs = [inspect.getdoc(obj) or "" for obj in (argparse.ArgumentParser, collections.OrderedDict, http.client.HTTPConnection, dict, str, list)]
+    docs = [
+        inspect.getdoc(obj) or ""
+        for obj in (argparse.ArgumentParser, collections.OrderedDict, http.client.HTTPConnection, dict, str, list)
+    ]
     for i in range(30):
         src = rng.choice(sources)
         start = rng.randrange(0, len(src) - 4000)
         blob = base64.b64encode(rng.randbytes(rng.randint(50, 1500))).decode()
         hexes = " ".join(rng.randbytes(16).hex() for _ in range(rng.randint(1, 20)))
         tool_json = json.dumps(
-            {"rows": [{"id": str(uuid.UUID(int=rng.getrandbits(128))), "name": rng.choice(["alpha", "Beta", "γάμμα", "δ"]), "n": rng.random()} for _ in range(rng.randint(1, 30))]},
+            {
+                "rows": [
+                    {
+                        "id": str(uuid.UUID(int=rng.getrandbits(128))),
+                        "name": rng.choice(["alpha", "Beta", "γάμμα", "δ"]),
+                        "n": rng.random(),
+                    }
+                    for _ in range(rng.randint(1, 30))
+                ]
+            },
             ensure_ascii=rng.random() < 0.5,
         )
         requests.append(
@@ -298,11 +369,33 @@ def realistic_corpus() -> list[dict]:
                 "system": rng.choice(docs),
                 "messages": [
                     {"role": "user", "content": src[start : start + rng.randint(200, 4000)]},
-                    {"role": "assistant", "content": rng.choice(docs)[:800], "tool_calls": [{"id": f"c{i}", "type": "function", "function": {"name": "query", "arguments": json.dumps({"q": f"select * from t where id = {i}"})}}]},
+                    {
+                        "role": "assistant",
+                        "content": rng.choice(docs)[:800],
+                        "tool_calls": [
+                            {
+                                "id": f"c{i}",
+                                "type": "function",
+                                "function": {
+                                    "name": "query",
+                                    "arguments": json.dumps({"q": f"select * from t where id = {i}"}),
+                                },
+                            }
+                        ],
+                    },
                     {"role": "tool", "tool_call_id": f"c{i}", "content": tool_json},
-                    {"role": "user", "content": rng.choice([MULTILINGUAL, "attachment: " + blob, "hashes: " + hexes, PROSE[:2000]])},
+                    {
+                        "role": "user",
+                        "content": rng.choice([MULTILINGUAL, "attachment: " + blob, "hashes: " + hexes, PROSE[:2000]]),
+                    },
                 ],
-                "tools": [{"name": "query", "description": "Run SQL", "input_schema": {"type": "object", "properties": {"q": {"type": "string"}}}}],
+                "tools": [
+                    {
+                        "name": "query",
+                        "description": "Run SQL",
+                        "input_schema": {"type": "object", "properties": {"q": {"type": "string"}}},
+                    }
+                ],
             }
         )
     return requests
@@ -325,8 +418,83 @@ def test_heuristic_never_undercounts_realistic_requests():
 
 _WORDS = sorted({w for w in "".join(c if c.isalpha() else " " for c in PROSE + (inspect.getdoc(dict) or "")).split()})
 _NON_ASCII_WORDS = MULTILINGUAL.split()
-_PUNCT = ["(", ")", "{", "}", "[", "]", ";", ":", ",", ".", "==", "->", "=>", "!=", "&&", "||", "//", "#", '"', "'", "`", "**", "/*", "*/", "<", ">", "=", "+", "-", "_", "...", "?", "!", "@", "${", "</", "/>"]
-_JARGON = ["kubectl", "nginx", "ctx", "argv", "kwargs", "mkdir", "chmod", "stdout", "stderr", "regex", "lru", "utf8", "sha256", "ffmpeg", "pytest", "numpy", "pydantic", "Kubernetes", "PostgreSQL", "sqlalchemy", "asyncio", "lxml", "xkcd", "OAuth2", "gRPC", "protobuf", "kwarg", "tmpfs", "cgroups", "eBPF", "WebSocket", "nullptr", "std::vector", "i18n", "l10n", "a11y"]
+_PUNCT = [
+    "(",
+    ")",
+    "{",
+    "}",
+    "[",
+    "]",
+    ";",
+    ":",
+    ",",
+    ".",
+    "==",
+    "->",
+    "=>",
+    "!=",
+    "&&",
+    "||",
+    "//",
+    "#",
+    '"',
+    "'",
+    "`",
+    "**",
+    "/*",
+    "*/",
+    "<",
+    ">",
+    "=",
+    "+",
+    "-",
+    "_",
+    "...",
+    "?",
+    "!",
+    "@",
+    "${",
+    "</",
+    "/>",
+]
+_JARGON = [
+    "kubectl",
+    "nginx",
+    "ctx",
+    "argv",
+    "kwargs",
+    "mkdir",
+    "chmod",
+    "stdout",
+    "stderr",
+    "regex",
+    "lru",
+    "utf8",
+    "sha256",
+    "ffmpeg",
+    "pytest",
+    "numpy",
+    "pydantic",
+    "Kubernetes",
+    "PostgreSQL",
+    "sqlalchemy",
+    "asyncio",
+    "lxml",
+    "xkcd",
+    "OAuth2",
+    "gRPC",
+    "protobuf",
+    "kwarg",
+    "tmpfs",
+    "cgroups",
+    "eBPF",
+    "WebSocket",
+    "nullptr",
+    "std::vector",
+    "i18n",
+    "l10n",
+    "a11y",
+]
 _WS = [" ", " ", " ", "\n", "\n\n", "    ", "\t", "\r\n"]
 
 
@@ -343,7 +511,7 @@ _chunk = st.one_of(
     st.sampled_from(_WORDS).map(str.capitalize),
     st.sampled_from(_WORDS).map(str.upper),
     st.builds(_ident, st.lists(st.sampled_from(_WORDS), min_size=2, max_size=4), st.integers(0, 2)),
-    st.integers(-10**12, 10**12).map(str),
+    st.integers(-(10**12), 10**12).map(str),
     st.floats(allow_nan=False, allow_infinity=False).map(repr),
     st.sampled_from(_PUNCT),
     st.sampled_from(_WS),
@@ -395,21 +563,45 @@ def test_fingerprint_is_pinned_and_stable_across_processes():
     for seed in ("0", "12345"):
         out = subprocess.run(
             [sys.executable, "-c", code, json.dumps(AGENT_REQUEST)],
-            capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": ROOT}, timeout=60,
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            env={**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": ROOT},
+            timeout=60,
         )
         assert out.stdout.strip() == CanonicalRequest.from_dict(AGENT_REQUEST).fingerprint, out.stderr
 
 
 def test_equivalent_spellings_share_a_fingerprint():
     a = {"system": "S", "messages": [{"role": "user", "content": "hello"}]}
-    b = {"system": [{"type": "text", "text": "S"}], "messages": [{"content": [{"text": "hello", "type": "text"}], "role": "user"}], "model": "x", "max_tokens": 5}
+    b = {
+        "system": [{"type": "text", "text": "S"}],
+        "messages": [{"content": [{"text": "hello", "type": "text"}], "role": "user"}],
+        "model": "x",
+        "max_tokens": 5,
+    }
     assert CanonicalRequest.from_dict(a).fingerprint == CanonicalRequest.from_dict(b).fingerprint
-    openai_call = {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{ "b": [1, 2],  "a": "x" }'}}]}
-    anthropic_call = {"role": "assistant", "content": [{"type": "tool_use", "id": "c1", "name": "f", "input": {"a": "x", "b": [1, 2]}}]}
-    assert CanonicalRequest.from_dict({"messages": [openai_call]}).fingerprint == CanonicalRequest.from_dict({"messages": [anthropic_call]}).fingerprint
+    openai_call = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{ "b": [1, 2],  "a": "x" }'}}
+        ],
+    }
+    anthropic_call = {
+        "role": "assistant",
+        "content": [{"type": "tool_use", "id": "c1", "name": "f", "input": {"a": "x", "b": [1, 2]}}],
+    }
+    assert (
+        CanonicalRequest.from_dict({"messages": [openai_call]}).fingerprint
+        == CanonicalRequest.from_dict({"messages": [anthropic_call]}).fingerprint
+    )
     tool_a = {"type": "function", "function": {"name": "f", "description": "d", "parameters": {"type": "object"}}}
     tool_b = {"name": "f", "description": "d", "input_schema": {"type": "object"}}
-    assert CanonicalRequest.from_dict({"messages": [], "tools": [tool_a]}).fingerprint == CanonicalRequest.from_dict({"messages": [], "tools": [tool_b]}).fingerprint
+    assert (
+        CanonicalRequest.from_dict({"messages": [], "tools": [tool_a]}).fingerprint
+        == CanonicalRequest.from_dict({"messages": [], "tools": [tool_b]}).fingerprint
+    )
 
 
 def test_round_trip_and_any_change_changes_the_fingerprint():
@@ -437,13 +629,37 @@ def test_round_trip_and_any_change_changes_the_fingerprint():
         ({"messages": "hi"}, "messages"),
         ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
         ({"messages": [{"role": "user"}]}, "messages[0].content"),
-        ({"messages": [{"role": "user", "content": "ok"}, {"role": "user", "content": [{"type": "text", "text": 5}]}]}, "messages[1].content[0].text"),
+        (
+            {
+                "messages": [
+                    {"role": "user", "content": "ok"},
+                    {"role": "user", "content": [{"type": "text", "text": 5}]},
+                ]
+            },
+            "messages[1].content[0].text",
+        ),
         ({"messages": [{"role": "user", "content": [{"type": "video"}]}]}, "messages[0].content[0].type"),
         ({"messages": [{"role": "user", "content": [{"type": "image", "width": -3}]}]}, "messages[0].content[0].width"),
-        ({"messages": [{"role": "assistant", "tool_calls": [{"id": "c", "function": {"arguments": "{}"}}]}]}, "messages[0].tool_calls[0].name"),
+        (
+            {"messages": [{"role": "assistant", "tool_calls": [{"id": "c", "function": {"arguments": "{}"}}]}]},
+            "messages[0].tool_calls[0].name",
+        ),
         ({"messages": [{"role": "tool", "tool_call_id": "", "content": "x"}]}, "messages[0].tool_call_id"),
-        ({"messages": [{"role": "assistant", "content": [{"type": "tool_use", "id": "c", "name": "f", "input": {"x": float("nan")}}]}]}, "messages[0].content[0].input.x"),
-        ({"messages": [], "tools": [{"type": "function", "function": {"description": "no name"}}]}, "tools[0].function.name"),
+        (
+            {
+                "messages": [
+                    {
+                        "role": "assistant",
+                        "content": [{"type": "tool_use", "id": "c", "name": "f", "input": {"x": float("nan")}}],
+                    }
+                ]
+            },
+            "messages[0].content[0].input.x",
+        ),
+        (
+            {"messages": [], "tools": [{"type": "function", "function": {"description": "no name"}}]},
+            "tools[0].function.name",
+        ),
         ({"messages": [], "system": 7}, "system"),
     ],
 )
@@ -467,7 +683,17 @@ def test_input_limits_per_spec():
     # max_output_tokens below reserved_output: only max_output is reserved
     assert REGISTRY.input_limit("gpt-3.5-turbo", p) == 16_385 - 4_096 - 8_192
     assert REGISTRY.input_limit("gpt-4o-2024-08-06", p) == REGISTRY.input_limit("gpt-4o", p)  # alias
-    for name in ("gpt-4o", "gpt-4o-mini", "o3", "o4-mini", "gpt-5", "claude-opus-4-1", "claude-haiku-4-5", "gemini-2.5-pro", "gemini-2.5-flash"):
+    for name in (
+        "gpt-4o",
+        "gpt-4o-mini",
+        "o3",
+        "o4-mini",
+        "gpt-5",
+        "claude-opus-4-1",
+        "claude-haiku-4-5",
+        "gemini-2.5-pro",
+        "gemini-2.5-flash",
+    ):
         assert name in REGISTRY
 
 
@@ -489,7 +715,9 @@ def test_unknown_model_and_unknown_limit_fail_before_any_counting():
     for model, policy in (("no-such-model", Policy()), ("slow", Policy(reserved_output=200_000))):
         started = time.monotonic()
         with pytest.raises(ContextLimitUnknown):
-            backend.measure({"messages": [{"role": "user", "content": "hi"}]}, model=model, basis=Basis(1, "a"), policy=policy)
+            backend.measure(
+                {"messages": [{"role": "user", "content": "hi"}]}, model=model, basis=Basis(1, "a"), policy=policy
+            )
         assert time.monotonic() - started < 0.2  # the 5 s counter never ran
 
 
@@ -501,7 +729,13 @@ def test_models_file_overrides(tmp_path):
                 "models": {
                     "gpt-4o": {"window": 64_000},
                     "gemini-2.5-flash-lite": None,
-                    "my-local-llm": {"provider": "local", "window": 32_768, "max_output_tokens": 4096, "counter": "exact_local", "encoding": "cl100k_base"},
+                    "my-local-llm": {
+                        "provider": "local",
+                        "window": 32_768,
+                        "max_output_tokens": 4096,
+                        "counter": "exact_local",
+                        "encoding": "cl100k_base",
+                    },
                 }
             }
         )
@@ -528,7 +762,10 @@ def test_models_file_overrides(tmp_path):
         ({"provider": "x", "window": 10, "counter": "tests.support.no_such_module:Counter"}, "models.bad.counter"),
         ({"provider": "x", "window": 10, "counter": "tests.support.counters:NoSuchCounter"}, "models.bad.counter"),
         ({"provider": "x", "window": 10, "counter": "tests.support.counters:test_models"}, "models.bad.counter"),
-        ({"provider": "x", "window": 10, "counter": "tests.support.counters:UnknownQualityCounter"}, "models.bad.counter"),
+        (
+            {"provider": "x", "window": 10, "counter": "tests.support.counters:UnknownQualityCounter"},
+            "models.bad.counter",
+        ),
     ],
 )
 def test_bad_registry_entries_name_the_field(entry, field):

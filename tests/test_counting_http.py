@@ -90,7 +90,12 @@ def test_anthropic_success_body_and_auth_headers(fake, backend):
     assert body["model"] == "claude-sonnet-4-5"
     assert body["system"] == [{"type": "text", "text": "You are a careful coding agent."}]
     assert body["tools"][0]["input_schema"]["required"] == ["path"]
-    assert body["messages"][1]["content"][1] == {"type": "tool_use", "id": "toolu_1", "name": "ls", "input": {"path": "."}}
+    assert body["messages"][1]["content"][1] == {
+        "type": "tool_use",
+        "id": "toolu_1",
+        "name": "ls",
+        "input": {"path": "."},
+    }
     assert body["messages"][2]["content"][0]["type"] == "tool_result"
     assert body["messages"][3]["content"][0]["text"].endswith("👋")
     assert m.input_limit == 200_000 - 16_384 - 8_192
@@ -115,8 +120,17 @@ def test_openai_success_body_and_bearer(fake, backend):
     assert m.quality == "exact_provider" and m.input_tokens == expected_tokens(body)
     kinds = [item.get("type") for item in body["input"]]
     assert kinds == ["message", "message", "message", "function_call", "function_call_output", "message"]
-    assert body["input"][0] == {"type": "message", "role": "system", "content": [{"type": "input_text", "text": "You are a careful coding agent."}]}
-    assert body["input"][3] == {"type": "function_call", "call_id": "toolu_1", "name": "ls", "arguments": '{"path":"."}'}
+    assert body["input"][0] == {
+        "type": "message",
+        "role": "system",
+        "content": [{"type": "input_text", "text": "You are a careful coding agent."}],
+    }
+    assert body["input"][3] == {
+        "type": "function_call",
+        "call_id": "toolu_1",
+        "name": "ls",
+        "arguments": '{"path":"."}',
+    }
     assert body["tools"][0]["type"] == "function" and body["tools"][0]["name"] == "ls"
 
 
@@ -167,7 +181,10 @@ def test_network_error_is_count_timeout(registry):
     assert info.value.details["cause"] == "network"
 
 
-@pytest.mark.parametrize("mode,field", [("malformed", "response"), ("html", "response"), ("not_object", "response"), ("no_tokens", "input_tokens")])
+@pytest.mark.parametrize(
+    "mode,field",
+    [("malformed", "response"), ("html", "response"), ("not_object", "response"), ("no_tokens", "input_tokens")],
+)
 def test_malformed_json_is_malformed_measurement(fake, backend, mode, field):
     fake.reset(mode)
     for model in ("claude-sonnet-4-5", "gpt-5"):
@@ -210,7 +227,8 @@ def test_client_errors_are_invalid_count_model(fake, backend, mode, cause):
 def test_missing_api_key_fails_before_any_request(fake):
     fake.reset("ok")
     registry = ModelRegistry.load(
-        {"claude-sonnet-4-5": {"counter": "anthropic_http"}}, providers=Settings.of(anthropic_base_url=fake.url).providers
+        {"claude-sonnet-4-5": {"counter": "anthropic_http"}},
+        providers=Settings.of(anthropic_base_url=fake.url).providers,
     )
     with pytest.raises(InvalidCountModel) as info:
         InProcessCounting(registry).measure(REQUEST, model="claude-sonnet-4-5", basis=BASIS, policy=policy())
@@ -237,7 +255,12 @@ def test_image_placeholder_cannot_be_sent_to_a_provider(fake, backend):
     assert fake.requests == []
     with_source = {
         "messages": [
-            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo=", "detail": "low"}}]}
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo=", "detail": "low"}}
+                ],
+            }
         ]
     }
     backend.measure(with_source, model="claude-sonnet-4-5", basis=BASIS, policy=policy())
@@ -248,7 +271,11 @@ def test_image_placeholder_cannot_be_sent_to_a_provider(fake, backend):
     }
     backend.measure(with_source, model="gpt-5", basis=BASIS, policy=policy())
     _, _, body = fake.requests[-1]
-    assert body["input"][0]["content"][0] == {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo=", "detail": "low"}
+    assert body["input"][0]["content"][0] == {
+        "type": "input_image",
+        "image_url": "data:image/png;base64,iVBORw0KGgo=",
+        "detail": "low",
+    }
 
 
 def test_api_key_upgrades_shipped_anthropic_models_to_http(fake):

@@ -18,7 +18,7 @@ def _table_rows(text: str, header_first_cell: str) -> list[list[str]]:
     for i, line in enumerate(lines):
         if line.startswith("|") and line.strip("| ").startswith(header_first_cell):
             rows = []
-            for row in lines[i + 2:]:
+            for row in lines[i + 2 :]:
                 if not row.startswith("|"):
                     break
                 rows.append([c.strip() for c in row.strip().strip("|").split("|")])
@@ -49,7 +49,8 @@ def test_readme_configuration_table_lists_every_setting_with_its_default():
     expected = {variable: default for _, variable, default, _ in Settings.variables()}
     assert set(documented) == set(expected), (
         f"missing from the README: {sorted(set(expected) - set(documented))}; "
-        f"not settings: {sorted(set(documented) - set(expected))}")
+        f"not settings: {sorted(set(documented) - set(expected))}"
+    )
     for variable, default in expected.items():
         cell = documented[variable][1].strip("`")
         want = "none" if default is None else _doc_value(default)

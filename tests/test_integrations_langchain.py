@@ -100,8 +100,12 @@ def test_context_growing_past_the_compact_level_is_compacted_and_the_next_reques
     assert report["revision"] == 2 and "Files already read" in report["summary"]
     # the compacted request is counted on a new basis (revision 2) and proceeds
     measured = [e.data for e in events(tracker, session, "ContextMeasured")]
-    assert any(m["measurement"]["basis"].startswith("r2:") and m["measurement"]["input_tokens"] == after
-               and m["action"] == "proceed" for m in measured)
+    assert any(
+        m["measurement"]["basis"].startswith("r2:")
+        and m["measurement"]["input_tokens"] == after
+        and m["action"] == "proceed"
+        for m in measured
+    )
 
 
 def test_the_model_keeps_the_system_message_and_whole_tool_batches(tracker):
@@ -116,18 +120,25 @@ def test_the_model_keeps_the_system_message_and_whole_tool_batches(tracker):
     assert revision_of(out["messages"]) == 2
     # the tail was kept verbatim: the newest messages before compaction are still there
     assert [m.content for m in out["messages"] if isinstance(m, ToolMessage)][-1] == ex.read_file.invoke(
-        {"path": "src/module_12.py"})
+        {"path": "src/module_12.py"}
+    )
 
 
 def test_async_agent_loop_compacts_too(tracker):
     session = f"lc-{uuid.uuid4().hex[:8]}"
     summarizer = ex.Summarizer()
     agent, model = ex.build(tracker, steps=13, summarizer=summarizer)
-    out = asyncio.run(agent.ainvoke({"messages": [HumanMessage("What is wrong?")]},
-                                    config={"configurable": {"thread_id": session}, "recursion_limit": 80}))
+    out = asyncio.run(
+        agent.ainvoke(
+            {"messages": [HumanMessage("What is wrong?")]},
+            config={"configurable": {"thread_id": session}, "recursion_limit": 80},
+        )
+    )
     assert out["messages"][-1].content.startswith("I read 13 files")
     assert [e.type for e in events(tracker, session, "CompactionStarted", "CompactionCommitted")] == [
-        "CompactionStarted", "CompactionCommitted"]
+        "CompactionStarted",
+        "CompactionCommitted",
+    ]
     assert summarizer.calls == 1
 
 
@@ -169,12 +180,30 @@ def test_two_agent_processes_on_one_session_compact_once(pg_url, redis_url, tmp_
     upgrade(pg_url)
     session = f"lc2-{uuid.uuid4().hex[:8]}"
     start_at = time.time() + 8
-    cmd = [sys.executable, str(EXAMPLE), "--database-url", pg_url, "--redis-url", redis_url, "--share-redis",
-           "--no-upgrade", "--session", session, "--steps", "13", "--summary-delay", "1.0", "--json",
-           "--start-at", str(start_at)]
+    cmd = [
+        sys.executable,
+        str(EXAMPLE),
+        "--database-url",
+        pg_url,
+        "--redis-url",
+        redis_url,
+        "--share-redis",
+        "--no-upgrade",
+        "--session",
+        session,
+        "--steps",
+        "13",
+        "--summary-delay",
+        "1.0",
+        "--json",
+        "--start-at",
+        str(start_at),
+    ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRACKER_")}
-    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
-             for _ in range(2)]
+    procs = [
+        subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+        for _ in range(2)
+    ]
     outs = [p.communicate(timeout=240) for p in procs]
     for p, (_out, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, err
@@ -222,8 +251,16 @@ def test_cut_points_never_split_a_tool_batch():
     def it(calls=(), results=(), pinned=False):
         return Item(({"role": "user", "content": "x"},), frozenset(calls), frozenset(results), pinned)
 
-    items = [it(pinned=True), it(), it(calls={"a", "b"}), it(results={"a"}), it(results={"b"}), it(),
-             it(calls={"c"}), it(results={"c"})]
+    items = [
+        it(pinned=True),
+        it(),
+        it(calls={"a", "b"}),
+        it(results={"a"}),
+        it(results={"b"}),
+        it(),
+        it(calls={"c"}),
+        it(results={"c"}),
+    ]
     cuts = cut_points(items, keep_last=3)
     assert cuts and all(c > 1 for c in cuts)  # the pinned system entry is never summarised
     for end in cuts:
@@ -239,12 +276,18 @@ def test_the_core_install_does_not_import_the_frameworks():
             if "integrations" in path.relative_to(ROOT).parts and path.name != "__init__.py":
                 continue
             for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-                names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
-                    [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+                names = (
+                    [a.name for a in node.names]
+                    if isinstance(node, ast.Import)
+                    else ([node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+                )
                 for name in names:
-                    assert name.split(".")[0] not in {"langchain", "langchain_core", "langgraph", "pydantic_ai"}, \
+                    assert name.split(".")[0] not in {"langchain", "langchain_core", "langgraph", "pydantic_ai"}, (
                         f"{path} imports {name}"
-    code = ("import sys, tracker, tracker.service, tracker.integrations; "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('langchain', 'langgraph', 'pydantic_ai')))")
+                    )
+    code = (
+        "import sys, tracker, tracker.service, tracker.integrations; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('langchain', 'langgraph', 'pydantic_ai')))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip() == "[]"

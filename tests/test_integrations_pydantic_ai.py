@@ -78,7 +78,9 @@ def assert_tool_calls_whole(messages):
 
 
 def system_parts(messages):
-    return [p.content for m in messages if isinstance(m, ModelRequest) for p in m.parts if isinstance(p, SystemPromptPart)]
+    return [
+        p.content for m in messages if isinstance(m, ModelRequest) for p in m.parts if isinstance(p, SystemPromptPart)
+    ]
 
 
 def test_context_growing_past_the_compact_level_is_compacted_and_the_next_request_is_smaller(tracker):
@@ -117,12 +119,18 @@ def test_the_model_keeps_the_system_prompt_and_whole_tool_batches(tracker):
 def test_the_session_defaults_to_the_conversation_id(tracker):
     summarizer = ex.Summarizer()
     script = ex.Script(13)
-    agent = Agent(FunctionModel(script), system_prompt=ex.SYSTEM, tools=[ex.read_file],
-                  capabilities=[ContextTrackerCapability(tracker, model=ex.MODEL, summarizer=summarizer, keep_last=4)])
+    agent = Agent(
+        FunctionModel(script),
+        system_prompt=ex.SYSTEM,
+        tools=[ex.read_file],
+        capabilities=[ContextTrackerCapability(tracker, model=ex.MODEL, summarizer=summarizer, keep_last=4)],
+    )
     result = agent.run_sync("What is wrong?", conversation_id="conv-42")
     assert result.output.startswith("I read 13 files")
     assert [e.type for e in events(tracker, "conv-42", "CompactionStarted", "CompactionCommitted")] == [
-        "CompactionStarted", "CompactionCommitted"]
+        "CompactionStarted",
+        "CompactionCommitted",
+    ]
 
 
 def test_as_a_history_processor(tracker):
@@ -130,15 +138,19 @@ def test_as_a_history_processor(tracker):
     session = f"pai-{uuid.uuid4().hex[:8]}"
     summarizer = ex.Summarizer()
     script = ex.Script(13)
-    processor = ContextTrackerCapability(tracker, model=ex.MODEL, summarizer=summarizer, session_id=session,
-                                         keep_last=4)
-    agent = Agent(FunctionModel(script), system_prompt=ex.SYSTEM, tools=[ex.read_file],
-                  capabilities=[ProcessHistory(processor)])
+    processor = ContextTrackerCapability(
+        tracker, model=ex.MODEL, summarizer=summarizer, session_id=session, keep_last=4
+    )
+    agent = Agent(
+        FunctionModel(script), system_prompt=ex.SYSTEM, tools=[ex.read_file], capabilities=[ProcessHistory(processor)]
+    )
     result = agent.run_sync("What is wrong?")
     assert result.output.startswith("I read 13 files")
     assert summarizer.calls == 1
     assert [e.type for e in events(tracker, session, "CompactionStarted", "CompactionCommitted")] == [
-        "CompactionStarted", "CompactionCommitted"]
+        "CompactionStarted",
+        "CompactionCommitted",
+    ]
     assert revision_of(result.all_messages()) == 2
 
 
@@ -177,12 +189,30 @@ def test_two_agent_processes_on_one_session_compact_once(pg_url, redis_url):
     upgrade(pg_url)
     session = f"pai2-{uuid.uuid4().hex[:8]}"
     start_at = time.time() + 8
-    cmd = [sys.executable, str(EXAMPLE), "--database-url", pg_url, "--redis-url", redis_url, "--share-redis",
-           "--no-upgrade", "--session", session, "--steps", "13", "--summary-delay", "1.0", "--json",
-           "--start-at", str(start_at)]
+    cmd = [
+        sys.executable,
+        str(EXAMPLE),
+        "--database-url",
+        pg_url,
+        "--redis-url",
+        redis_url,
+        "--share-redis",
+        "--no-upgrade",
+        "--session",
+        session,
+        "--steps",
+        "13",
+        "--summary-delay",
+        "1.0",
+        "--json",
+        "--start-at",
+        str(start_at),
+    ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRACKER_")}
-    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
-             for _ in range(2)]
+    procs = [
+        subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+        for _ in range(2)
+    ]
     outs = [p.communicate(timeout=240) for p in procs]
     for p, (_out, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, err

@@ -55,9 +55,12 @@ def test_truncation_alone_is_enough_and_stops_at_low_water():
 def test_truncation_then_dropping_oldest_batch_and_truncation_inside_it_removed():
     entries = [
         E(O, 100),
-        E(C, 50), E(R, 200, 150),  # batch (1, 3)
-        E(C, 50), E(R, 200, 150),  # batch (3, 5)
-        E(C, 50), E(R, 50),        # batch (5, 7), not truncatable
+        E(C, 50),
+        E(R, 200, 150),  # batch (1, 3)
+        E(C, 50),
+        E(R, 200, 150),  # batch (3, 5)
+        E(C, 50),
+        E(R, 50),  # batch (5, 7), not truncatable
         *tail(4, 25),
     ]
     # total = 100 + 100 + 250 + 250 + 100 + 100 = 900
@@ -272,7 +275,11 @@ def test_plan_unpacks_as_a_four_tuple():
 def test_dict_entries_match_dataclass_entries():
     objs = [E(O, 100), E(C, 50), E(R, 200, 150), E(C, 50), E(R, 200, 150), E(C, 50), E(R, 50), *tail(4, 25)]
     dicts = [
-        {"kind": e.kind, "tokens": e.tokens, **({"preview_tokens": e.preview_tokens} if e.preview_tokens is not None else {})}
+        {
+            "kind": e.kind,
+            "tokens": e.tokens,
+            **({"preview_tokens": e.preview_tokens} if e.preview_tokens is not None else {}),
+        }
         for e in objs
     ]
     dicts[1]["preview_tokens"] = None
@@ -411,6 +418,7 @@ def entry_st(draw):
     tokens = draw(st.integers(0, 400))
     preview = draw(st.none() | st.integers(0, 450) | st.just(tokens))  # equal to tokens: saves nothing
     return LoopGuardEntry(kind, tokens, preview)
+
 
 percent = st.integers(1, 100)
 

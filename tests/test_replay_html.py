@@ -49,8 +49,14 @@ USED_BLUE = (0x15, 0x65, 0xC0)
 
 
 def _m(basis: str, tokens: int) -> dict[str, Any]:
-    return {"basis": basis, "input_tokens": tokens, "input_limit": LIMIT, "quality": "exact_local",
-            "model": {"provider": "openai", "name": "gpt-4o"}, "fingerprint": hashlib.sha256(basis.encode()).hexdigest()}
+    return {
+        "basis": basis,
+        "input_tokens": tokens,
+        "input_limit": LIMIT,
+        "quality": "exact_local",
+        "model": {"provider": "openai", "name": "gpt-4o"},
+        "fingerprint": hashlib.sha256(basis.encode()).hexdigest(),
+    }
 
 
 def build_session(url: str) -> None:
@@ -84,27 +90,55 @@ def report(tmp_path_factory) -> dict[str, Any]:
     out_file = d / "report.html"
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRACKER_")}
     env["TRACKER_DATABASE_URL"] = url
-    out = subprocess.run([TRACKER, "replay", SID, "--html", str(out_file), "--json"], cwd=d, env=env,
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [TRACKER, "replay", SID, "--html", str(out_file), "--json"],
+        cwd=d,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     counts = json.loads(out.stdout)
-    history = [json.loads(line) for line in subprocess.run(
-        [TRACKER, "history", SID, "--json"], cwd=d, env=env, capture_output=True, text=True, timeout=120, check=True
-    ).stdout.splitlines()]
+    history = [
+        json.loads(line)
+        for line in subprocess.run(
+            [TRACKER, "history", SID, "--json"], cwd=d, env=env, capture_output=True, text=True, timeout=120, check=True
+        ).stdout.splitlines()
+    ]
     return {"dir": d, "file": out_file, "counts": counts, "history": history}
 
 
 def chromium(d: Path, *args: str) -> subprocess.CompletedProcess:
-    argv = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-            "--disable-background-networking", "--disable-component-update", "--disable-sync",
-            "--disable-dev-shm-usage", f"--user-data-dir={d / 'chromium-profile'}", *args]
+    argv = [
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-dev-shm-usage",
+        f"--user-data-dir={d / 'chromium-profile'}",
+        *args,
+    ]
     return subprocess.run(argv, cwd=d, capture_output=True, timeout=120)
 
 
 def test_counts_of_the_recorded_session(report):
     c = report["counts"]
-    assert c == {"html": str(report["file"]), "events": len(report["history"]), "measurements": 7, "attempts": 4,
-                 "committed": 1, "rejected": 3, "count_failed": 1, "context_limit": 1}
+    assert c == {
+        "html": str(report["file"]),
+        "events": len(report["history"]),
+        "measurements": 7,
+        "attempts": 4,
+        "committed": 1,
+        "rejected": 3,
+        "count_failed": 1,
+        "context_limit": 1,
+    }
 
 
 # -- PNG decoding (stdlib only) ---------------------------------------------------------------
@@ -116,9 +150,11 @@ def read_png(path: Path) -> tuple[int, int, list[bytes], int]:
     assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG file"
     pos, idat, ihdr = 8, [], None
     while pos < len(data):
-        (n,) = struct.unpack(">I", data[pos:pos + 4])
-        kind, body = data[pos + 4:pos + 8], data[pos + 8:pos + 8 + n]
-        assert zlib.crc32(kind + body) == struct.unpack(">I", data[pos + 8 + n:pos + 12 + n])[0], f"bad CRC in {kind!r}"
+        (n,) = struct.unpack(">I", data[pos : pos + 4])
+        kind, body = data[pos + 4 : pos + 8], data[pos + 8 : pos + 8 + n]
+        assert zlib.crc32(kind + body) == struct.unpack(">I", data[pos + 8 + n : pos + 12 + n])[0], (
+            f"bad CRC in {kind!r}"
+        )
         pos += 12 + n
         if kind == b"IHDR":
             ihdr = struct.unpack(">IIBBBBB", body)
@@ -137,7 +173,7 @@ def read_png(path: Path) -> tuple[int, int, list[bytes], int]:
     rows = []
     for y in range(h):
         f = raw[y * (stride + 1)]
-        line = bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+        line = bytearray(raw[y * (stride + 1) + 1 : (y + 1) * (stride + 1)])
         if f == 1:
             for i in range(bpp, stride):
                 line[i] = (line[i] + line[i - bpp]) & 255
@@ -175,7 +211,7 @@ def test_screenshot_renders_the_chart(report):
     blue_near: list[int] = []
     for y, row in enumerate(rows):
         for x in range(0, w * bpp, bpp):
-            px = row[x:x + 3]
+            px = row[x : x + 3]
             distinct.add(px)
             rgb = (px[0], px[1], px[2])
             if rgb in wanted:
@@ -274,7 +310,7 @@ def test_report_is_self_contained(report):
     assert "url(" not in text and "@import" not in text
     for scheme in ("http://", "https://", "//"):
         for attr in ("src=", "href="):
-            assert f"{attr}\"{scheme}" not in text and f"{attr}'{scheme}" not in text
+            assert f'{attr}"{scheme}' not in text and f"{attr}'{scheme}" not in text
     # the only URL in the file is the SVG namespace, which is a name, not a resource
     assert [u for u in ("http://", "https://") for _ in range(text.count(u))] == ["http://"]
     assert text.count("http://www.w3.org/2000/svg") == 1

@@ -36,8 +36,14 @@ class Clock:
 
 
 def m(basis: str, used: int, limit: int = 1000, quality: str = "exact_local") -> dict:
-    return {"basis": basis, "input_tokens": used, "input_limit": limit, "quality": quality,
-            "model": {"provider": "openai", "name": "gpt-4o"}, "fingerprint": hashlib.sha256(basis.encode()).hexdigest()}
+    return {
+        "basis": basis,
+        "input_tokens": used,
+        "input_limit": limit,
+        "quality": quality,
+        "model": {"provider": "openai", "name": "gpt-4o"},
+        "fingerprint": hashlib.sha256(basis.encode()).hexdigest(),
+    }
 
 
 @pytest.fixture
@@ -271,8 +277,14 @@ class FlakyCounter:
         self.calls += 1
         if self.calls > 1:
             raise CountTimeout("the counter is slow now", model=model)
-        return Measurement(basis=basis, model=ModelRef("openai", model), input_tokens=900, input_limit=1000,
-                           fingerprint=CanonicalRequest.from_dict(request).fingerprint, quality="exact_local")
+        return Measurement(
+            basis=basis,
+            model=ModelRef("openai", model),
+            input_tokens=900,
+            input_limit=1000,
+            fingerprint=CanonicalRequest.from_dict(request).fingerprint,
+            quality="exact_local",
+        )
 
 
 def test_retried_counted_observe_is_answered_without_recounting(db_url):

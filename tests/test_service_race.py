@@ -33,8 +33,14 @@ LIMIT = 1000
 
 
 def _measurement(basis: str, used: int) -> dict:
-    return {"basis": basis, "input_tokens": used, "input_limit": LIMIT, "quality": "exact_local",
-            "model": {"provider": "openai", "name": "gpt-4o"}, "fingerprint": hashlib.sha256(basis.encode()).hexdigest()}
+    return {
+        "basis": basis,
+        "input_tokens": used,
+        "input_limit": LIMIT,
+        "quality": "exact_local",
+        "model": {"provider": "openai", "name": "gpt-4o"},
+        "fingerprint": hashlib.sha256(basis.encode()).hexdigest(),
+    }
 
 
 def _racer(db_url: str, redis_url: str | None, session_id: str, seed: int, rounds: int, start_at: float) -> dict:
@@ -44,8 +50,11 @@ def _racer(db_url: str, redis_url: str | None, session_id: str, seed: int, round
 
     rng = random.Random(seed)
     coordinator = RedisCoordinator(redis_url, ttl_s=2.0, wait_s=2.0) if redis_url else LocalCoordinator()
-    t = Tracker(open_store(db_url, projector=SessionProjector()), coordinator=coordinator,
-                policy=Policy(attempt_lease_s=5.0, max_automatic_per_episode=3))
+    t = Tracker(
+        open_store(db_url, projector=SessionProjector()),
+        coordinator=coordinator,
+        policy=Policy(attempt_lease_s=5.0, max_automatic_per_episode=3),
+    )
     counts = {"compact": 0, "proceed": 0, "wait": 0, "context_limit": 0, "stale": 0, "attempt_errors": 0}
     while time.time() < start_at:
         time.sleep(0.005)
@@ -101,8 +110,12 @@ def check_log(db_url: str, session_id: str) -> dict:
         for e in events:
             if isinstance(e, CompactionRejected):
                 outcomes[e.reject_reason] = outcomes.get(e.reject_reason, 0) + 1
-        return {"events": len(events), "automatic_attempts": automatic, "revision": state.revision,
-                "rejections": outcomes}
+        return {
+            "events": len(events),
+            "automatic_attempts": automatic,
+            "revision": state.revision,
+            "rejections": outcomes,
+        }
     finally:
         store.close()
 
@@ -112,7 +125,9 @@ def run_race(db_url: str, redis_url: str | None, during=None) -> tuple[dict, lis
     ctx = mp.get_context("spawn")
     start_at = time.time() + 3.0  # all processes start deciding together
     with ctx.Pool(PROCS) as pool:
-        results = [pool.apply_async(_racer, (db_url, redis_url, session_id, seed, ROUNDS, start_at)) for seed in range(PROCS)]
+        results = [
+            pool.apply_async(_racer, (db_url, redis_url, session_id, seed, ROUNDS, start_at)) for seed in range(PROCS)
+        ]
         if during is not None:
             during(start_at)
         counts = [r.get(timeout=600) for r in results]

@@ -92,7 +92,10 @@ def test_append_then_read_stream(store):
     assert r.state == fold(ToyProjector(), "s-1", list(store.read_stream("s-1")))
 
     events = list(store.read_stream("s-1"))
-    assert [(e.version, e.type, e.position) for e in events] == [(1, "Started", r.positions[0]), (2, "Tick", r.positions[1])]
+    assert [(e.version, e.type, e.position) for e in events] == [
+        (1, "Started", r.positions[0]),
+        (2, "Tick", r.positions[1]),
+    ]
     assert events[1].data == {"n": 2, "nested": {"a": [1, 2, None], "u": "ünï"}}
     for e in events:
         assert e.session_id == "s-1"
@@ -161,7 +164,11 @@ def test_idempotent_retry_returns_original_result_and_writes_nothing(store, db_u
     n_events = count_rows(db_url, "events")
     again = store.append("idem", 0, [ev("Started"), ev("Tick", n=3), ev("Tick")], idempotency_key="req-1")
     assert again.replayed is True
-    assert (again.first_version, again.last_version, again.positions) == (first.first_version, first.last_version, first.positions)
+    assert (again.first_version, again.last_version, again.positions) == (
+        first.first_version,
+        first.last_version,
+        first.positions,
+    )
     assert again.state == first.state  # the state right after the original append, not the current one
     assert count_rows(db_url, "events") == n_events
     # the key is per session, and a new key is a new append
@@ -212,7 +219,9 @@ def test_read_all_is_ordered_and_pages(store):
     versions: dict[str, int] = {}
     for _ in range(40):
         sid = f"s{rng.randint(0, 4)}"
-        versions[sid] = store.append(sid, versions.get(sid, 0), [ev(n=rng.randint(0, 5)) for _ in range(rng.randint(1, 3))]).last_version
+        versions[sid] = store.append(
+            sid, versions.get(sid, 0), [ev(n=rng.randint(0, 5)) for _ in range(rng.randint(1, 3))]
+        ).last_version
     everything = store.read_all(0, limit=10_000)
     assert len(everything) == sum(versions.values())
     positions = [e.position for e in everything]
@@ -244,7 +253,9 @@ def test_read_all_session_prefix_filters_exactly_and_pages(store):
     versions: dict[str, int] = {}
     for _ in range(60):
         sid = rng.choice(sids)
-        versions[sid] = store.append(sid, versions.get(sid, 0), [ev(n=1) for _ in range(rng.randint(1, 2))]).last_version
+        versions[sid] = store.append(
+            sid, versions.get(sid, 0), [ev(n=1) for _ in range(rng.randint(1, 2))]
+        ).last_version
     everything = store.read_all(0, limit=10_000)
 
     def expected(prefix: str) -> list[StoredEvent]:
@@ -330,8 +341,11 @@ def test_verify_projections_detects_tampering(store, db_url):
     store.append("gone", 0, [ev()])
     assert verify_projections(store, projector) == []
 
-    execute_sql(db_url, "UPDATE sessions SET state = :s WHERE session_id = 'tampered'",
-                s=json.dumps({**store.load("tampered")[0], "count": 99}))
+    execute_sql(
+        db_url,
+        "UPDATE sessions SET state = :s WHERE session_id = 'tampered'",
+        s=json.dumps({**store.load("tampered")[0], "count": 99}),
+    )
     execute_sql(db_url, "UPDATE sessions SET pressure = 'hard_limit', open_attempts = 7 WHERE session_id = 'cols'")
     execute_sql(db_url, "DELETE FROM sessions WHERE session_id = 'gone'")
     diffs = verify_projections(store, projector)

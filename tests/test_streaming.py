@@ -26,8 +26,10 @@ from typing import Any
 import pytest
 
 TRACKER = shutil.which("tracker")
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(TRACKER is None, reason="the `tracker` console script is not installed")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(TRACKER is None, reason="the `tracker` console script is not installed"),
+]
 
 LONG, SHORT = 100_000, 10_000
 BATCH = 500
@@ -79,26 +81,54 @@ def build_session(url: str, session_id: str, n_events: int, seed: int = 7) -> di
             now += 0.5
             broken = step % 400 >= 370  # now and then the compactor fails for a while
             if step % 97 == 0:
-                emit(decide_count_failed(state, policy, CountTimeout("no count within 2s", model="gpt-4o"),
-                                         model="gpt-4o", duration_ms=2000, now=now))
+                emit(
+                    decide_count_failed(
+                        state,
+                        policy,
+                        CountTimeout("no count within 2s", model="gpt-4o"),
+                        model="gpt-4o",
+                        duration_ms=2000,
+                        now=now,
+                    )
+                )
             else:
                 tokens = min(limit + 4000, tokens + rng.randint(300, 2500))
-                m = Measurement.from_data({
-                    "basis": f"r{state.revision}:m{step}", "input_tokens": tokens, "input_limit": limit,
-                    "quality": "exact_local", "model": {"provider": "openai", "name": "gpt-4o"},
-                    "fingerprint": f"{step:064x}",
-                }, state.revision)
+                m = Measurement.from_data(
+                    {
+                        "basis": f"r{state.revision}:m{step}",
+                        "input_tokens": tokens,
+                        "input_limit": limit,
+                        "quality": "exact_local",
+                        "model": {"provider": "openai", "name": "gpt-4o"},
+                        "fingerprint": f"{step:064x}",
+                    },
+                    state.revision,
+                )
                 d = emit(decide_measure(state, policy, m, now=now, new_attempt_id=f"{session_id}-a{step}")).decision
                 if d.action == "compact":
                     now += 1.5
                     a = d.attempt
                     if broken:
-                        emit(decide_reject(state, attempt_id=a.attempt_id, fencing_token=a.fencing_token,
-                                           reject_reason="summarizer_error", now=now))
+                        emit(
+                            decide_reject(
+                                state,
+                                attempt_id=a.attempt_id,
+                                fencing_token=a.fencing_token,
+                                reject_reason="summarizer_error",
+                                now=now,
+                            )
+                        )
                     else:
                         tokens = rng.randint(15_000, 35_000)
-                        emit(decide_commit(state, attempt_id=a.attempt_id, fencing_token=a.fencing_token,
-                                           tokens_after=tokens, now=now))
+                        emit(
+                            decide_commit(
+                                state,
+                                attempt_id=a.attempt_id,
+                                fencing_token=a.fencing_token,
+                                tokens_after=tokens,
+                                now=now,
+                            )
+                        )
                 elif d.action == "context_limit":
                     tokens = rng.randint(20_000, 30_000)  # the agent dropped its history and started over
             if len(pending) >= BATCH:
@@ -125,14 +155,19 @@ def sessions(tmp_path_factory) -> dict[str, Any]:
     short_counts = build_session(url, "short-session", SHORT, seed=8)
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRACKER_")}
     env["TRACKER_DATABASE_URL"] = url
-    return {"dir": d, "url": url, "env": env,
-            "counts": {"long-session": long_counts, "short-session": short_counts}}
+    return {"dir": d, "url": url, "env": env, "counts": {"long-session": long_counts, "short-session": short_counts}}
 
 
 def peak_rss_mb(s: dict[str, Any], args: list[str], out: Path) -> float:
     """Run ``tracker *args`` (stdout to ``out``); return its peak RSS in MB."""
-    r = subprocess.run([sys.executable, "-c", _WRAPPER, str(out), TRACKER, *args], cwd=s["dir"], env=s["env"],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-c", _WRAPPER, str(out), TRACKER, *args],
+        cwd=s["dir"],
+        env=s["env"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     rc, kb = map(int, r.stdout.split())
     assert rc == 0, f"tracker {' '.join(args)} exited {rc}: {r.stderr[-2000:]}"
@@ -142,8 +177,14 @@ def peak_rss_mb(s: dict[str, Any], args: list[str], out: Path) -> float:
 def test_the_sessions_are_long_and_realistic(sessions):
     c = sessions["counts"]["long-session"]
     assert c["total"] >= LONG
-    for kind in ("ContextMeasured", "CompactionStarted", "CompactionCommitted", "CompactionRejected",
-                 "CountFailed", "ContextLimitReached"):
+    for kind in (
+        "ContextMeasured",
+        "CompactionStarted",
+        "CompactionCommitted",
+        "CompactionRejected",
+        "CountFailed",
+        "ContextLimitReached",
+    ):
         assert c.get(kind, 0) > 10, (kind, c)
 
 

@@ -18,14 +18,30 @@ from tracker.core import Policy, fold
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
-MEASURE_KEYS = {"pressure", "occupancy_bp", "action", "trigger", "threshold_bp", "threshold_source", "compact_level",
-                "rearm_level", "attempt_id"}
+MEASURE_KEYS = {
+    "pressure",
+    "occupancy_bp",
+    "action",
+    "trigger",
+    "threshold_bp",
+    "threshold_source",
+    "compact_level",
+    "rearm_level",
+    "attempt_id",
+}
 
 
 def cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "COLUMNS": "250", "NO_COLOR": "1"}
-    return subprocess.run([sys.executable, "-m", "tracker.cli", "whatif", *args], input=stdin, capture_output=True,
-                          text=True, cwd=ROOT, env=env, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "tracker.cli", "whatif", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=60,
+    )
 
 
 def cli_lines(*args: str, stdin: str | None = None) -> list[dict[str, Any]]:
@@ -49,16 +65,16 @@ def m(basis: str, used: int, limit: int = 100, **kw: Any) -> str:
 
 # A trace that visits every action and op (default policy, limit 100: compact 80, rearm 60, hard 100).
 GOOD = [
-    m("b1", 10),                                  # 0 proceed
-    m("b2", 85),                                  # 1 compact a1
-    m("b3", 100),                                 # 2 wait
-    j(op="commit", tokens_after=30),              # 3 revision 2
-    m("b4", 40),                                  # 4 normal (rearm)
-    m("b5", 70, compaction_threshold=0.5),        # 5 compact a2 (explicit)
+    m("b1", 10),  # 0 proceed
+    m("b2", 85),  # 1 compact a1
+    m("b3", 100),  # 2 wait
+    j(op="commit", tokens_after=30),  # 3 revision 2
+    m("b4", 40),  # 4 normal (rearm)
+    m("b5", 70, compaction_threshold=0.5),  # 5 compact a2 (explicit)
     j(op="reject", reject_reason="execution_failed"),  # 6
-    m("b5", 100),                                 # 7 context_limit (exhausted basis)
-    j(op="manual"),                               # 8 a3
-    j(op="commit", tokens_after=20),              # 9 revision 3
+    m("b5", 100),  # 7 context_limit (exhausted basis)
+    j(op="manual"),  # 8 a3
+    j(op="commit", tokens_after=20),  # 9 revision 3
     m("b6", 20, scope="current-message", scope_confidence=0.9),  # 10 classifier
 ]
 
@@ -71,18 +87,46 @@ def test_outputs_per_spec():
             assert set(o) >= MEASURE_KEYS, o
         else:
             assert {"ok", "revision"} <= set(o), o
-    assert [o.get("action") for o in out] == ["proceed", "compact", "wait", None, "proceed", "compact", None,
-                                              "context_limit", None, None, "proceed"]
-    assert out[0] == {"pressure": "normal", "occupancy_bp": 1000, "action": "proceed", "trigger": None,
-                      "threshold_bp": 8000, "threshold_source": "default", "compact_level": 80, "rearm_level": 60,
-                      "attempt_id": None}
+    assert [o.get("action") for o in out] == [
+        "proceed",
+        "compact",
+        "wait",
+        None,
+        "proceed",
+        "compact",
+        None,
+        "context_limit",
+        None,
+        None,
+        "proceed",
+    ]
+    assert out[0] == {
+        "pressure": "normal",
+        "occupancy_bp": 1000,
+        "action": "proceed",
+        "trigger": None,
+        "threshold_bp": 8000,
+        "threshold_source": "default",
+        "compact_level": 80,
+        "rearm_level": 60,
+        "attempt_id": None,
+    }
     assert (out[1]["pressure"], out[1]["trigger"], out[1]["attempt_id"], out[1]["history_budget"]) == (
-        "compact", "threshold", "a1", 95)
+        "compact",
+        "threshold",
+        "a1",
+        95,
+    )
     assert out[2]["pressure"] == "hard_limit"
     assert out[3] == {"ok": True, "revision": 2, "attempt_id": "a1"}
     assert out[4]["pressure"] == "normal"
-    assert (out[5]["threshold_bp"], out[5]["threshold_source"], out[5]["compact_level"], out[5]["rearm_level"],
-            out[5]["attempt_id"]) == (5000, "explicit", 50, 38, "a2")
+    assert (
+        out[5]["threshold_bp"],
+        out[5]["threshold_source"],
+        out[5]["compact_level"],
+        out[5]["rearm_level"],
+        out[5]["attempt_id"],
+    ) == (5000, "explicit", 50, 38, "a2")
     assert out[6] == {"ok": True, "revision": 2, "attempt_id": "a2"}
     assert out[8] == {"ok": True, "revision": 2, "attempt_id": "a3"}
     assert out[9] == {"ok": True, "revision": 3, "attempt_id": "a3"}
@@ -110,8 +154,9 @@ def test_console_script(tmp_path):
 
 
 def test_bare_basis_is_through_at_the_current_revision_and_old_revisions_are_stale():
-    w, out = run([m("b1", 85), j(op="commit", tokens_after=10), m("b2", 10), m("r1:b3", 10), m("r2:b4", 10),
-                  m("r9:b4", 10)])
+    w, out = run(
+        [m("b1", 85), j(op="commit", tokens_after=10), m("b2", 10), m("r1:b3", 10), m("r2:b4", 10), m("r9:b4", 10)]
+    )
     measured = [e.measurement["basis"] for e in w.events if e.TYPE == "ContextMeasured"]
     assert measured == ["r1:b1", "r2:b2", "r2:b4"]
     assert out[3]["code"] == "stale_basis" and "r1:b3" in out[3]["error"]
@@ -154,8 +199,10 @@ BAD = [
     (j(op="measure", basis="x", input_tokens=10), "input_limit"),
     (j(op="measure", input_tokens=10, input_limit=100), "basis"),
     (m("x", 10, compaction_threshold=1.5), "compaction_threshold"),
-    ('{"op":"measure","basis":"x","input_tokens":10,"input_limit":100,"compaction_threshold":NaN}',
-     "compaction_threshold"),
+    (
+        '{"op":"measure","basis":"x","input_tokens":10,"input_limit":100,"compaction_threshold":NaN}',
+        "compaction_threshold",
+    ),
     (m("x", 10, compaction_threshold="high"), "compaction_threshold"),
     (m("x", 10, scope="whole-repo", scope_confidence=0.9), "scope"),
     (m("x", 10, scope="recent-turns", scope_confidence=7), "scope_confidence"),
@@ -233,11 +280,14 @@ def test_second_manual_is_an_error_line():
 
 def test_flag_compact_at_and_rearm_below(tmp_path):
     trace = tmp_path / "t.jsonl"
-    trace.write_text("\n".join([m("b1", 49), m("b2", 50), j(op="commit", tokens_after=35), m("b3", 36),
-                                m("b4", 34)]))
+    trace.write_text("\n".join([m("b1", 49), m("b2", 50), j(op="commit", tokens_after=35), m("b3", 36), m("b4", 34)]))
     out = cli_lines(str(trace), "--compact-at", "5000", "--rearm-below", "3500")
     assert (out[0]["action"], out[0]["compact_level"], out[0]["rearm_level"], out[0]["threshold_bp"]) == (
-        "proceed", 50, 35, 5000)
+        "proceed",
+        50,
+        35,
+        5000,
+    )
     assert out[1]["action"] == "compact"
     assert out[3]["pressure"] == "compact"  # 36 >= rearm level 35: hysteresis
     assert out[4]["pressure"] == "normal"
@@ -342,7 +392,11 @@ def test_example_coding_session():
     assert [o["pressure"] for o in out[10:12]] == ["normal", "normal"]
     # per-request threshold
     assert (out[12]["action"], out[12]["threshold_source"], out[12]["threshold_bp"], out[12]["attempt_id"]) == (
-        "compact", "explicit", 6000, "a2")
+        "compact",
+        "explicit",
+        6000,
+        "a2",
+    )
     assert out[12]["occupancy_bp"] < 8000
     assert out[13] == {"ok": True, "revision": 3, "attempt_id": "a2"}
     # a low-confidence classifier reading is ignored, a confident one lowers the level
@@ -360,8 +414,20 @@ def test_example_failed_compaction():
     assert out == run(lines)[1]
     assert all("error" not in o for o in out)
     acts = [o.get("action") for o in out]
-    assert acts == ["proceed", "proceed", "proceed", "compact", "wait", None, "proceed", "proceed", "context_limit",
-                    None, None, "proceed"]
+    assert acts == [
+        "proceed",
+        "proceed",
+        "proceed",
+        "compact",
+        "wait",
+        None,
+        "proceed",
+        "proceed",
+        "context_limit",
+        None,
+        None,
+        "proceed",
+    ]
     assert out[4]["pressure"] == "hard_limit"
     assert out[5] == {"ok": True, "revision": 1, "attempt_id": "a1"}  # the rejection
     assert [o["pressure"] for o in out[6:8]] == ["compact", "compact"]  # exhausted basis: no new attempt
@@ -384,14 +450,22 @@ def test_example_big_window():
     assert {(o["compact_level"], o["rearm_level"]) for o in measures} == {(300_000, 225_000)}  # the ceiling
     # the growth trigger fires at normal pressure
     assert (out[2]["action"], out[2]["trigger"], out[2]["pressure"], out[2]["attempt_id"]) == (
-        "compact", "growth", "normal", "a1")
+        "compact",
+        "growth",
+        "normal",
+        "a1",
+    )
     assert out[3] == {"ok": True, "revision": 2, "attempt_id": "a1"}
     # steady growth below 0.1 of 300k per turn never fires; 299,999 proceeds, 300,000 compacts
     assert [o["action"] for o in out[4:14]] == ["proceed"] * 10
     assert json.loads(lines[13])["input_tokens"] == 299_999
     assert json.loads(lines[14])["input_tokens"] == 300_000
     assert (out[14]["action"], out[14]["trigger"], out[14]["pressure"], out[14]["attempt_id"]) == (
-        "compact", "threshold", "compact", "a2")
+        "compact",
+        "threshold",
+        "compact",
+        "a2",
+    )
     assert out[14]["occupancy_bp"] < 8000
     assert out[15] == {"ok": True, "revision": 3, "attempt_id": "a2"}
     assert out[16]["pressure"] == "normal"

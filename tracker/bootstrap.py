@@ -25,7 +25,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from tracker.store.sql import SqlEventStore
 
 
-def build_store(settings: StoreSettings, *, projector: Projector | None = None, check_schema: bool = True) -> SqlEventStore:
+def build_store(
+    settings: StoreSettings, *, projector: Projector | None = None, check_schema: bool = True
+) -> SqlEventStore:
     """The event store at ``TRACKER_DATABASE_URL`` (refuses a missing or older schema unless told not to)."""
     from tracker.store import open_store
 
@@ -90,4 +92,6 @@ def build_components(settings: Settings | None = None, **overrides: Any) -> Comp
     except BaseException:
         store.close()
         raise
-    return Components(store=store, coordinator=coordinator, counting=counting, policy=overrides.get("policy") or s.policy)
+    return Components(
+        store=store, coordinator=coordinator, counting=counting, policy=overrides.get("policy") or s.policy
+    )

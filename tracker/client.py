@@ -63,8 +63,15 @@ def _measurement_body(measurement: Measurement | dict[str, Any]) -> dict[str, An
 
 
 def _observe_body(
-    request: Any, measurement: Any, model: str | None, basis: Basis | str | None, compaction_threshold: float | None,
-    scope: str | None, scope_confidence: float | None, overhead_tokens: int | None, idempotency_key: str | None,
+    request: Any,
+    measurement: Any,
+    model: str | None,
+    basis: Basis | str | None,
+    compaction_threshold: float | None,
+    scope: str | None,
+    scope_confidence: float | None,
+    overhead_tokens: int | None,
+    idempotency_key: str | None,
 ) -> dict[str, Any]:
     if (request is None) == (measurement is None):
         raise InvalidInput("request", "give exactly one of request= or measurement=")
@@ -73,8 +80,12 @@ def _observe_body(
         body["measurement"] = _measurement_body(measurement)
     else:
         body.update(request=request, model=model, basis=str(basis) if basis is not None else None)
-    for name, value in (("compaction_threshold", compaction_threshold), ("scope", scope),
-                        ("scope_confidence", scope_confidence), ("overhead_tokens", overhead_tokens)):
+    for name, value in (
+        ("compaction_threshold", compaction_threshold),
+        ("scope", scope),
+        ("scope_confidence", scope_confidence),
+        ("overhead_tokens", overhead_tokens),
+    ):
         if value is not None:
             body[name] = value
     return body
@@ -86,8 +97,12 @@ def _result(data: dict[str, Any]) -> Result:
 
 def _event(data: dict[str, Any]) -> StoredEvent:
     return StoredEvent(
-        position=data["position"], session_id=data["session_id"], version=data["version"], type=data["type"],
-        data=data["data"], recorded_at=datetime.fromisoformat(data["recorded_at"]),
+        position=data["position"],
+        session_id=data["session_id"],
+        version=data["version"],
+        type=data["type"],
+        data=data["data"],
+        recorded_at=datetime.fromisoformat(data["recorded_at"]),
         idempotency_key=data.get("idempotency_key"),
     )
 
@@ -99,8 +114,9 @@ def _error(response: httpx.Response) -> TrackerError:
         body = None
     if isinstance(body, dict) and "code" in body:
         return error_from_dict(body)
-    return TrackerError(f"HTTP {response.status_code} from the tracker: {response.text[:200]}",
-                        status=response.status_code)
+    return TrackerError(
+        f"HTTP {response.status_code} from the tracker: {response.text[:200]}", status=response.status_code
+    )
 
 
 def _retryable(response: httpx.Response) -> bool:
@@ -129,7 +145,7 @@ class _Base:
         self._headers = {"Authorization": f"Bearer {api_key}", "User-Agent": "context-tracker-client"}
 
     def _delay(self, attempt: int) -> float:
-        return random.uniform(0, self.backoff_s * 2 ** attempt)  # full jitter
+        return random.uniform(0, self.backoff_s * 2**attempt)  # full jitter
 
     @staticmethod
     def _unavailable(exc: Exception) -> StoreUnavailable:
@@ -139,8 +155,16 @@ class _Base:
 class TrackerClient(_Base):
     """A ``Tracker`` over HTTP (sync). Use as a context manager or call ``close()``."""
 
-    def __init__(self, base_url: str, api_key: str, *, timeout: float = 35.0, retries: int = 3,
-                 backoff_s: float = 0.2, transport: httpx.BaseTransport | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str,
+        *,
+        timeout: float = 35.0,
+        retries: int = 3,
+        backoff_s: float = 0.2,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
         super().__init__(base_url, api_key, timeout=timeout, retries=retries, backoff_s=backoff_s)
         self._http = httpx.Client(base_url=self.base_url, headers=self._headers, timeout=timeout, transport=transport)
 
@@ -153,8 +177,15 @@ class TrackerClient(_Base):
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def _call(self, method: str, path: str, *, json: Any = None, params: dict[str, Any] | None = None,
-              ok: tuple[int, ...] = (200, 201)) -> httpx.Response:
+    def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: dict[str, Any] | None = None,
+        ok: tuple[int, ...] = (200, 201),
+    ) -> httpx.Response:
         for attempt in range(self.retries + 1):
             try:
                 response = self._http.request(method, path, json=json, params=params)
@@ -170,32 +201,77 @@ class TrackerClient(_Base):
         raise AssertionError("unreachable")  # pragma: no cover
 
     # -- the Tracker's methods ---------------------------------------------------------------
-    def observe(self, session_id: str, *, request: Any = None, measurement: Measurement | dict[str, Any] | None = None,
-                model: str | None = None, basis: Basis | str | None = None, compaction_threshold: float | None = None,
-                scope: str | None = None, scope_confidence: float | None = None, overhead_tokens: int | None = None,
-                idempotency_key: str | None = None) -> Result:
-        body = _observe_body(request, measurement, model, basis, compaction_threshold, scope, scope_confidence,
-                             overhead_tokens, idempotency_key)
+    def observe(
+        self,
+        session_id: str,
+        *,
+        request: Any = None,
+        measurement: Measurement | dict[str, Any] | None = None,
+        model: str | None = None,
+        basis: Basis | str | None = None,
+        compaction_threshold: float | None = None,
+        scope: str | None = None,
+        scope_confidence: float | None = None,
+        overhead_tokens: int | None = None,
+        idempotency_key: str | None = None,
+    ) -> Result:
+        body = _observe_body(
+            request,
+            measurement,
+            model,
+            basis,
+            compaction_threshold,
+            scope,
+            scope_confidence,
+            overhead_tokens,
+            idempotency_key,
+        )
         return _result(self._call("POST", _path("sessions", session_id, "observe"), json=body).json())
 
-    def request_compaction(self, session_id: str, *, basis: Basis | str | None = None,
-                           overhead_tokens: int | None = None, idempotency_key: str | None = None) -> Attempt:
-        body = {"idempotency_key": _key(idempotency_key), "basis": str(basis) if basis is not None else None,
-                "overhead_tokens": overhead_tokens}
+    def request_compaction(
+        self,
+        session_id: str,
+        *,
+        basis: Basis | str | None = None,
+        overhead_tokens: int | None = None,
+        idempotency_key: str | None = None,
+    ) -> Attempt:
+        body = {
+            "idempotency_key": _key(idempotency_key),
+            "basis": str(basis) if basis is not None else None,
+            "overhead_tokens": overhead_tokens,
+        }
         return Attempt(**self._call("POST", _path("sessions", session_id, "compactions"), json=body).json())
 
-    def commit(self, session_id: str, attempt_id: str, fencing_token: int, tokens_after: int,
-               idempotency_key: str | None = None) -> SessionState:
+    def commit(
+        self,
+        session_id: str,
+        attempt_id: str,
+        fencing_token: int,
+        tokens_after: int,
+        idempotency_key: str | None = None,
+    ) -> SessionState:
         body = {"fencing_token": fencing_token, "tokens_after": tokens_after, "idempotency_key": _key(idempotency_key)}
         return SessionState.from_data(
-            self._call("POST", _path("sessions", session_id, "compactions", attempt_id, "commit"), json=body).json())
+            self._call("POST", _path("sessions", session_id, "compactions", attempt_id, "commit"), json=body).json()
+        )
 
-    def reject(self, session_id: str, attempt_id: str, fencing_token: int, reject_reason: str,
-               idempotency_key: str | None = None) -> SessionState:
-        body = {"fencing_token": fencing_token, "reject_reason": reject_reason,
-                "idempotency_key": _key(idempotency_key)}
+    def reject(
+        self,
+        session_id: str,
+        attempt_id: str,
+        fencing_token: int,
+        reject_reason: str,
+        idempotency_key: str | None = None,
+    ) -> SessionState:
+        body = {
+            "fencing_token": fencing_token,
+            "reject_reason": reject_reason,
+            "idempotency_key": _key(idempotency_key),
+        }
         return SessionState.from_data(
-            self._call("POST", _path("sessions", session_id, "compactions", attempt_id, "reject"), json=body).json())
+            self._call("POST", _path("sessions", session_id, "compactions", attempt_id, "reject"), json=body).json()
+        )
 
     def wait(self, session_id: str, attempt_id: str, timeout: float = 30.0) -> str:
         """Block until the attempt ends: 'committed' or 'rejected:<reason>'. Raises ``WaitTimeout``."""
@@ -210,7 +286,9 @@ class TrackerClient(_Base):
                 return str(data["outcome"])
             except WaitTimeout:
                 if time.monotonic() >= deadline:
-                    raise WaitTimeout(f"attempt {attempt_id} still open after {timeout}s", attempt_id=attempt_id) from None
+                    raise WaitTimeout(
+                        f"attempt {attempt_id} still open after {timeout}s", attempt_id=attempt_id
+                    ) from None
 
     def state(self, session_id: str) -> SessionState:
         return SessionState.from_data(self._call("GET", _path("sessions", session_id)).json())
@@ -219,15 +297,17 @@ class TrackerClient(_Base):
         """Every event of the session from ``from_version`` on, fetched page by page."""
         version = from_version
         while True:
-            page = self._call("GET", _path("sessions", session_id, "history"),
-                              params={"from_version": version, "limit": HISTORY_PAGE}).json()
+            page = self._call(
+                "GET", _path("sessions", session_id, "history"), params={"from_version": version, "limit": HISTORY_PAGE}
+            ).json()
             yield from (_event(e) for e in page["events"])
             if not page["has_more"]:
                 return
             version = page["next_from_version"]
 
-    def sessions(self, *, pressure: str | None = None, since: float | None = None,
-                 limit: int = 100) -> Iterator[dict[str, Any]]:
+    def sessions(
+        self, *, pressure: str | None = None, since: float | None = None, limit: int = 100
+    ) -> Iterator[dict[str, Any]]:
         """The fleet's sessions (``GET /v1/sessions``), newest activity first, every page."""
         cursor: str | None = None
         while True:
@@ -245,11 +325,20 @@ class TrackerClient(_Base):
 class AsyncTrackerClient(_Base):
     """A ``Tracker`` over HTTP for asyncio code: the same methods, awaited."""
 
-    def __init__(self, base_url: str, api_key: str, *, timeout: float = 35.0, retries: int = 3,
-                 backoff_s: float = 0.2, transport: httpx.AsyncBaseTransport | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str,
+        *,
+        timeout: float = 35.0,
+        retries: int = 3,
+        backoff_s: float = 0.2,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
         super().__init__(base_url, api_key, timeout=timeout, retries=retries, backoff_s=backoff_s)
-        self._http = httpx.AsyncClient(base_url=self.base_url, headers=self._headers, timeout=timeout,
-                                       transport=transport)
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url, headers=self._headers, timeout=timeout, transport=transport
+        )
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -260,8 +349,15 @@ class AsyncTrackerClient(_Base):
     async def __aexit__(self, *exc: Any) -> None:
         await self.aclose()
 
-    async def _call(self, method: str, path: str, *, json: Any = None, params: dict[str, Any] | None = None,
-                    ok: tuple[int, ...] = (200, 201)) -> httpx.Response:
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: dict[str, Any] | None = None,
+        ok: tuple[int, ...] = (200, 201),
+    ) -> httpx.Response:
         for attempt in range(self.retries + 1):
             try:
                 response = await self._http.request(method, path, json=json, params=params)
@@ -276,32 +372,78 @@ class AsyncTrackerClient(_Base):
             await asyncio.sleep(self._delay(attempt))
         raise AssertionError("unreachable")  # pragma: no cover
 
-    async def observe(self, session_id: str, *, request: Any = None,
-                      measurement: Measurement | dict[str, Any] | None = None, model: str | None = None,
-                      basis: Basis | str | None = None, compaction_threshold: float | None = None,
-                      scope: str | None = None, scope_confidence: float | None = None,
-                      overhead_tokens: int | None = None, idempotency_key: str | None = None) -> Result:
-        body = _observe_body(request, measurement, model, basis, compaction_threshold, scope, scope_confidence,
-                             overhead_tokens, idempotency_key)
+    async def observe(
+        self,
+        session_id: str,
+        *,
+        request: Any = None,
+        measurement: Measurement | dict[str, Any] | None = None,
+        model: str | None = None,
+        basis: Basis | str | None = None,
+        compaction_threshold: float | None = None,
+        scope: str | None = None,
+        scope_confidence: float | None = None,
+        overhead_tokens: int | None = None,
+        idempotency_key: str | None = None,
+    ) -> Result:
+        body = _observe_body(
+            request,
+            measurement,
+            model,
+            basis,
+            compaction_threshold,
+            scope,
+            scope_confidence,
+            overhead_tokens,
+            idempotency_key,
+        )
         return _result((await self._call("POST", _path("sessions", session_id, "observe"), json=body)).json())
 
-    async def request_compaction(self, session_id: str, *, basis: Basis | str | None = None,
-                                 overhead_tokens: int | None = None, idempotency_key: str | None = None) -> Attempt:
-        body = {"idempotency_key": _key(idempotency_key), "basis": str(basis) if basis is not None else None,
-                "overhead_tokens": overhead_tokens}
+    async def request_compaction(
+        self,
+        session_id: str,
+        *,
+        basis: Basis | str | None = None,
+        overhead_tokens: int | None = None,
+        idempotency_key: str | None = None,
+    ) -> Attempt:
+        body = {
+            "idempotency_key": _key(idempotency_key),
+            "basis": str(basis) if basis is not None else None,
+            "overhead_tokens": overhead_tokens,
+        }
         return Attempt(**(await self._call("POST", _path("sessions", session_id, "compactions"), json=body)).json())
 
-    async def commit(self, session_id: str, attempt_id: str, fencing_token: int, tokens_after: int,
-                     idempotency_key: str | None = None) -> SessionState:
+    async def commit(
+        self,
+        session_id: str,
+        attempt_id: str,
+        fencing_token: int,
+        tokens_after: int,
+        idempotency_key: str | None = None,
+    ) -> SessionState:
         body = {"fencing_token": fencing_token, "tokens_after": tokens_after, "idempotency_key": _key(idempotency_key)}
-        response = await self._call("POST", _path("sessions", session_id, "compactions", attempt_id, "commit"), json=body)
+        response = await self._call(
+            "POST", _path("sessions", session_id, "compactions", attempt_id, "commit"), json=body
+        )
         return SessionState.from_data(response.json())
 
-    async def reject(self, session_id: str, attempt_id: str, fencing_token: int, reject_reason: str,
-                     idempotency_key: str | None = None) -> SessionState:
-        body = {"fencing_token": fencing_token, "reject_reason": reject_reason,
-                "idempotency_key": _key(idempotency_key)}
-        response = await self._call("POST", _path("sessions", session_id, "compactions", attempt_id, "reject"), json=body)
+    async def reject(
+        self,
+        session_id: str,
+        attempt_id: str,
+        fencing_token: int,
+        reject_reason: str,
+        idempotency_key: str | None = None,
+    ) -> SessionState:
+        body = {
+            "fencing_token": fencing_token,
+            "reject_reason": reject_reason,
+            "idempotency_key": _key(idempotency_key),
+        }
+        response = await self._call(
+            "POST", _path("sessions", session_id, "compactions", attempt_id, "reject"), json=body
+        )
         return SessionState.from_data(response.json())
 
     async def wait(self, session_id: str, attempt_id: str, timeout: float = 30.0) -> str:
@@ -316,7 +458,9 @@ class AsyncTrackerClient(_Base):
                 return str(response.json()["outcome"])
             except WaitTimeout:
                 if time.monotonic() >= deadline:
-                    raise WaitTimeout(f"attempt {attempt_id} still open after {timeout}s", attempt_id=attempt_id) from None
+                    raise WaitTimeout(
+                        f"attempt {attempt_id} still open after {timeout}s", attempt_id=attempt_id
+                    ) from None
 
     async def state(self, session_id: str) -> SessionState:
         return SessionState.from_data((await self._call("GET", _path("sessions", session_id))).json())
@@ -324,16 +468,22 @@ class AsyncTrackerClient(_Base):
     async def history(self, session_id: str, from_version: int = 1) -> AsyncIterator[StoredEvent]:
         version = from_version
         while True:
-            page = (await self._call("GET", _path("sessions", session_id, "history"),
-                                     params={"from_version": version, "limit": HISTORY_PAGE})).json()
+            page = (
+                await self._call(
+                    "GET",
+                    _path("sessions", session_id, "history"),
+                    params={"from_version": version, "limit": HISTORY_PAGE},
+                )
+            ).json()
             for e in page["events"]:
                 yield _event(e)
             if not page["has_more"]:
                 return
             version = page["next_from_version"]
 
-    async def sessions(self, *, pressure: str | None = None, since: float | None = None,
-                       limit: int = 100) -> AsyncIterator[dict[str, Any]]:
+    async def sessions(
+        self, *, pressure: str | None = None, since: float | None = None, limit: int = 100
+    ) -> AsyncIterator[dict[str, Any]]:
         cursor: str | None = None
         while True:
             params: dict[str, Any] = {"limit": limit}

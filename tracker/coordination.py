@@ -75,7 +75,9 @@ return 0
 
 
 class RedisCoordinator:
-    def __init__(self, url: str, *, ttl_s: float = 5.0, wait_s: float | None = None, prefix: str = "tracker:lock:") -> None:
+    def __init__(
+        self, url: str, *, ttl_s: float = 5.0, wait_s: float | None = None, prefix: str = "tracker:lock:"
+    ) -> None:
         self._redis = redis.Redis.from_url(url, socket_timeout=0.5, socket_connect_timeout=0.5)
         self._ttl_ms = max(1, int(ttl_s * 1000))
         self._wait_s = ttl_s if wait_s is None else wait_s
@@ -86,7 +88,9 @@ class RedisCoordinator:
     def _degraded(self, exc: Exception) -> None:
         if self._down_since is None:
             self._down_since = time.monotonic()
-            log.warning("Redis unreachable (%s): deciding uncoordinated; the event store's version check still guards", exc)
+            log.warning(
+                "Redis unreachable (%s): deciding uncoordinated; the event store's version check still guards", exc
+            )
 
     @contextmanager
     def session_lock(self, session_id: str) -> Iterator[bool]:
@@ -104,7 +108,9 @@ class RedisCoordinator:
                         self._down_since = None
                     break
                 if time.monotonic() >= deadline:
-                    log.warning("session lock %s not acquired in %.1fs: deciding uncoordinated", session_id, self._wait_s)
+                    log.warning(
+                        "session lock %s not acquired in %.1fs: deciding uncoordinated", session_id, self._wait_s
+                    )
                     break
                 time.sleep(delay * (0.5 + random.random()))
                 delay = min(delay * 2, 0.005)

@@ -322,5 +322,5 @@ def error_from_dict(data: dict[str, Any]) -> TrackerError:
         exc.field = details["field"]  # type: ignore[attr-defined]
         message = str(data.get("message", ""))
         prefix = f"{details['field']}: "
-        exc.problem = message[len(prefix):] if message.startswith(prefix) else message  # type: ignore[attr-defined]
+        exc.problem = message[len(prefix) :] if message.startswith(prefix) else message  # type: ignore[attr-defined]
     return exc

@@ -18,19 +18,47 @@ from tracker.store.base import StoredEvent
 
 @runtime_checkable
 class TrackerProtocol(Protocol):
-    def observe(self, session_id: str, *, request: Any = None, measurement: Measurement | dict[str, Any] | None = None,
-                model: str | None = None, basis: Basis | str | None = None, compaction_threshold: float | None = None,
-                scope: str | None = None, scope_confidence: float | None = None, overhead_tokens: int | None = None,
-                idempotency_key: str | None = None) -> Result: ...
+    def observe(
+        self,
+        session_id: str,
+        *,
+        request: Any = None,
+        measurement: Measurement | dict[str, Any] | None = None,
+        model: str | None = None,
+        basis: Basis | str | None = None,
+        compaction_threshold: float | None = None,
+        scope: str | None = None,
+        scope_confidence: float | None = None,
+        overhead_tokens: int | None = None,
+        idempotency_key: str | None = None,
+    ) -> Result: ...
 
-    def request_compaction(self, session_id: str, *, basis: Basis | str | None = None,
-                           overhead_tokens: int | None = None, idempotency_key: str | None = None) -> Attempt: ...
+    def request_compaction(
+        self,
+        session_id: str,
+        *,
+        basis: Basis | str | None = None,
+        overhead_tokens: int | None = None,
+        idempotency_key: str | None = None,
+    ) -> Attempt: ...
 
-    def commit(self, session_id: str, attempt_id: str, fencing_token: int, tokens_after: int,
-               idempotency_key: str | None = None) -> SessionState: ...
+    def commit(
+        self,
+        session_id: str,
+        attempt_id: str,
+        fencing_token: int,
+        tokens_after: int,
+        idempotency_key: str | None = None,
+    ) -> SessionState: ...
 
-    def reject(self, session_id: str, attempt_id: str, fencing_token: int, reject_reason: str,
-               idempotency_key: str | None = None) -> SessionState: ...
+    def reject(
+        self,
+        session_id: str,
+        attempt_id: str,
+        fencing_token: int,
+        reject_reason: str,
+        idempotency_key: str | None = None,
+    ) -> SessionState: ...
 
     def wait(self, session_id: str, attempt_id: str, timeout: float = 30.0) -> str: ...
 
@@ -41,20 +69,47 @@ class TrackerProtocol(Protocol):
 
 @runtime_checkable
 class AsyncTrackerProtocol(Protocol):
-    async def observe(self, session_id: str, *, request: Any = None,
-                      measurement: Measurement | dict[str, Any] | None = None, model: str | None = None,
-                      basis: Basis | str | None = None, compaction_threshold: float | None = None,
-                      scope: str | None = None, scope_confidence: float | None = None,
-                      overhead_tokens: int | None = None, idempotency_key: str | None = None) -> Result: ...
+    async def observe(
+        self,
+        session_id: str,
+        *,
+        request: Any = None,
+        measurement: Measurement | dict[str, Any] | None = None,
+        model: str | None = None,
+        basis: Basis | str | None = None,
+        compaction_threshold: float | None = None,
+        scope: str | None = None,
+        scope_confidence: float | None = None,
+        overhead_tokens: int | None = None,
+        idempotency_key: str | None = None,
+    ) -> Result: ...
 
-    async def request_compaction(self, session_id: str, *, basis: Basis | str | None = None,
-                                 overhead_tokens: int | None = None, idempotency_key: str | None = None) -> Attempt: ...
+    async def request_compaction(
+        self,
+        session_id: str,
+        *,
+        basis: Basis | str | None = None,
+        overhead_tokens: int | None = None,
+        idempotency_key: str | None = None,
+    ) -> Attempt: ...
 
-    async def commit(self, session_id: str, attempt_id: str, fencing_token: int, tokens_after: int,
-                     idempotency_key: str | None = None) -> SessionState: ...
+    async def commit(
+        self,
+        session_id: str,
+        attempt_id: str,
+        fencing_token: int,
+        tokens_after: int,
+        idempotency_key: str | None = None,
+    ) -> SessionState: ...
 
-    async def reject(self, session_id: str, attempt_id: str, fencing_token: int, reject_reason: str,
-                     idempotency_key: str | None = None) -> SessionState: ...
+    async def reject(
+        self,
+        session_id: str,
+        attempt_id: str,
+        fencing_token: int,
+        reject_reason: str,
+        idempotency_key: str | None = None,
+    ) -> SessionState: ...
 
     async def wait(self, session_id: str, attempt_id: str, timeout: float = 30.0) -> str: ...
 

@@ -84,7 +84,9 @@ def session_state(store: Any, session_id: str) -> SessionState:
     return SessionState.from_data(data) if data is not None else SessionState(session_id=session_id)
 
 
-def read_history(store: Any, session_id: str, from_version: int = 1, to_version: int | None = None) -> Iterator[StoredEvent]:
+def read_history(
+    store: Any, session_id: str, from_version: int = 1, to_version: int | None = None
+) -> Iterator[StoredEvent]:
     """The session's events, streamed in batches (constant memory on very long sessions)."""
     return store.read_stream(session_id, from_version, to_version)
 
@@ -103,8 +105,12 @@ def history_page(
     page = events[:limit]
     has_more = len(events) > limit
     resume = page[-1].version + 1 if page else from_version
-    return Page([event_to_dict(e, external=external) for e in page], resume if has_more else None,
-                has_more=has_more, resume=resume)
+    return Page(
+        [event_to_dict(e, external=external) for e in page],
+        resume if has_more else None,
+        has_more=has_more,
+        resume=resume,
+    )
 
 
 def feed_page(
@@ -118,8 +124,9 @@ def feed_page(
     events = store.read_all(after, limit + 1, session_prefix=prefix)
     page = events[:limit]
     next_after = page[-1].position if page else after
-    return Page([event_to_dict(e, external=external) for e in page], next_after,
-                has_more=len(events) > limit, resume=next_after)
+    return Page(
+        [event_to_dict(e, external=external) for e in page], next_after, has_more=len(events) > limit, resume=next_after
+    )
 
 
 def export_events(store: Any, since: int = 0, limit: int = 0) -> Iterator[dict[str, Any]]:

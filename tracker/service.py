@@ -118,7 +118,9 @@ class Tracker:
         if state.version != version:
             raise IntegrityError(
                 f"session {session_id}: projection is at version {state.version} but the stream at {version}; "
-                "run `tracker verify`", session_id=session_id)
+                "run `tracker verify`",
+                session_id=session_id,
+            )
         return state
 
     def state(self, session_id: str) -> SessionState:
@@ -128,7 +130,10 @@ class Tracker:
         return self.store.read_stream(check_session_id(session_id), from_version)
 
     def _record(
-        self, session_id: str, decide: Callable[[SessionState], Outcome], idempotency_key: str | None = None,
+        self,
+        session_id: str,
+        decide: Callable[[SessionState], Outcome],
+        idempotency_key: str | None = None,
         op: str = "observe",
     ) -> tuple[Outcome, int]:
         """Load → decide → append, under the session lock, retrying on version conflicts.
@@ -166,7 +171,9 @@ class Tracker:
                     return outcome, state.version
                 try:
                     result = self.store.append(
-                        session_id, state.version, [_new_event(e) for e in outcome.events],
+                        session_id,
+                        state.version,
+                        [_new_event(e) for e in outcome.events],
                         idempotency_key=idempotency_key,
                     )
                 except ConcurrencyConflict:
@@ -202,13 +209,18 @@ class Tracker:
             return None
         return self._answer_from(session_id, earlier, op, decide), earlier.last_version
 
-    def _answer_from(self, session_id: str, result: Any, op: str,
-                  decide: Callable[[SessionState], Outcome] | None) -> Outcome:
+    def _answer_from(
+        self, session_id: str, result: Any, op: str, decide: Callable[[SessionState], Outcome] | None
+    ) -> Outcome:
         """An idempotent retry: the original outcome, rebuilt from the events it recorded."""
-        before = fold((event_from_data(e.type, e.data)
-                       for e in self.store.read_stream(session_id, 1, result.first_version - 1)), session_id)
-        events = [event_from_data(e.type, e.data)
-                  for e in self.store.read_stream(session_id, result.first_version, result.last_version)]
+        before = fold(
+            (event_from_data(e.type, e.data) for e in self.store.read_stream(session_id, 1, result.first_version - 1)),
+            session_id,
+        )
+        events = [
+            event_from_data(e.type, e.data)
+            for e in self.store.read_stream(session_id, result.first_version, result.last_version)
+        ]
         out = recorded_outcome(before, events, op)
         if out.error is None and not succeeded(op, events) and decide is not None:
             # The original call was refused after recording only side effects (an expired lease):
@@ -241,10 +253,14 @@ class Tracker:
         check_session_id(session_id)
         if (request is None) == (measurement is None):
             raise InvalidInput("request", "give exactly one of request= or measurement=")
-        if idempotency_key is not None and (not isinstance(idempotency_key, str) or not 0 < len(idempotency_key) <= 200):
+        if idempotency_key is not None and (
+            not isinstance(idempotency_key, str) or not 0 < len(idempotency_key) <= 200
+        ):
             raise InvalidInput("idempotency_key", "must be a string of 1-200 characters")
         # validate the per-request threshold before counting (bad input writes nothing)
-        resolve_threshold(self.policy.compact_at_bp, self.policy.rearm_below_bp, compaction_threshold, scope, scope_confidence)
+        resolve_threshold(
+            self.policy.compact_at_bp, self.policy.rearm_below_bp, compaction_threshold, scope, scope_confidence
+        )
 
         if idempotency_key is not None:  # a retry: the original answer, before any (re)counting
             replay = self._recorded_answer(session_id, idempotency_key, "observe", None)
@@ -277,8 +293,15 @@ class Tracker:
                 duration_ms = int((time.monotonic() - started) * 1000)
 
                 def failed(st: SessionState, err: CountError = exc, model: str = model) -> Outcome:
-                    return decide_count_failed(st, self.policy, err, model=model, duration_ms=duration_ms,
-                                               now=self.clock(), basis=Basis.parse(raw_basis, st.revision))
+                    return decide_count_failed(
+                        st,
+                        self.policy,
+                        err,
+                        model=model,
+                        duration_ms=duration_ms,
+                        now=self.clock(),
+                        basis=Basis.parse(raw_basis, st.revision),
+                    )
 
                 self._record(session_id, failed, idempotency_key)
                 raise
@@ -286,8 +309,14 @@ class Tracker:
         outcome, version = self._record(
             session_id,
             lambda st: decide_measure(
-                st, self.policy, _at_revision(m, raw_basis, st.revision), now=self.clock(), new_attempt_id=attempt_id,
-                compaction_threshold=compaction_threshold, scope=scope, scope_confidence=scope_confidence,
+                st,
+                self.policy,
+                _at_revision(m, raw_basis, st.revision),
+                now=self.clock(),
+                new_attempt_id=attempt_id,
+                compaction_threshold=compaction_threshold,
+                scope=scope,
+                scope_confidence=scope_confidence,
                 overhead_tokens=overhead_tokens,
             ),
             idempotency_key,
@@ -298,7 +327,11 @@ class Tracker:
 
     # -- attempts --------------------------------------------------------------------------
     def request_compaction(
-        self, session_id: str, *, basis: Basis | str | None = None, overhead_tokens: int | None = None,
+        self,
+        session_id: str,
+        *,
+        basis: Basis | str | None = None,
+        overhead_tokens: int | None = None,
         idempotency_key: str | None = None,
     ) -> Attempt:
         """Open a manual attempt (regardless of pressure; at most one manual attempt open)."""
@@ -308,10 +341,16 @@ class Tracker:
         attempt_id = self.new_id()
         outcome, _ = self._record(
             session_id,
-            lambda st: decide_manual(st, self.policy, now=self.clock(), new_attempt_id=attempt_id,
-                                     basis=Basis.parse(basis, st.revision) if basis is not None else None,
-                                     overhead_tokens=overhead_tokens),
-            idempotency_key, op="manual",
+            lambda st: decide_manual(
+                st,
+                self.policy,
+                now=self.clock(),
+                new_attempt_id=attempt_id,
+                basis=Basis.parse(basis, st.revision) if basis is not None else None,
+                overhead_tokens=overhead_tokens,
+            ),
+            idempotency_key,
+            op="manual",
         )
         if outcome.error is not None:
             raise outcome.error
@@ -319,27 +358,43 @@ class Tracker:
             raise ManualAttemptOpen("a manual attempt was already open when this call was first made")
         return outcome.attempt
 
-    def commit(self, session_id: str, attempt_id: str, fencing_token: int, tokens_after: int,
-               idempotency_key: str | None = None) -> SessionState:
+    def commit(
+        self,
+        session_id: str,
+        attempt_id: str,
+        fencing_token: int,
+        tokens_after: int,
+        idempotency_key: str | None = None,
+    ) -> SessionState:
         check_session_id(session_id)
         outcome, _ = self._record(
             session_id,
-            lambda st: decide_commit(st, attempt_id=attempt_id, fencing_token=fencing_token,
-                                     tokens_after=tokens_after, now=self.clock()),
-            idempotency_key, op="commit",
+            lambda st: decide_commit(
+                st, attempt_id=attempt_id, fencing_token=fencing_token, tokens_after=tokens_after, now=self.clock()
+            ),
+            idempotency_key,
+            op="commit",
         )
         if outcome.error is not None:
             raise outcome.error
         return outcome.state
 
-    def reject(self, session_id: str, attempt_id: str, fencing_token: int, reject_reason: str,
-               idempotency_key: str | None = None) -> SessionState:
+    def reject(
+        self,
+        session_id: str,
+        attempt_id: str,
+        fencing_token: int,
+        reject_reason: str,
+        idempotency_key: str | None = None,
+    ) -> SessionState:
         check_session_id(session_id)
         outcome, _ = self._record(
             session_id,
-            lambda st: decide_reject(st, attempt_id=attempt_id, fencing_token=fencing_token,
-                                     reject_reason=reject_reason, now=self.clock()),
-            idempotency_key, op="reject",
+            lambda st: decide_reject(
+                st, attempt_id=attempt_id, fencing_token=fencing_token, reject_reason=reject_reason, now=self.clock()
+            ),
+            idempotency_key,
+            op="reject",
         )
         if outcome.error is not None:
             raise outcome.error
@@ -385,7 +440,10 @@ def _same_request(outcome: Outcome, measurement: Any, request: Any) -> None:
     if measurement is not None:
         m = measurement if isinstance(measurement, Measurement) else Measurement.from_data(measurement, 1)
         same = (m.input_tokens, m.input_limit, m.fingerprint) == (
-            recorded["input_tokens"], recorded["input_limit"], recorded["fingerprint"])
+            recorded["input_tokens"],
+            recorded["input_limit"],
+            recorded["fingerprint"],
+        )
     else:
         same = CanonicalRequest.from_dict(request).fingerprint == recorded["fingerprint"]
     if not same:

@@ -47,8 +47,11 @@ class _MappingEnvSource(EnvSettingsSource):
         env = _ENV.get()
         if env is None:  # a section built outside Settings.load(): defaults and keywords only
             return {}
-        return {(k if self.case_sensitive else k.lower()): v for k, v in env.items()
-                if k[:len(ENV_PREFIX)].upper() == ENV_PREFIX and not (self.env_ignore_empty and v == "")}
+        return {
+            (k if self.case_sensitive else k.lower()): v
+            for k, v in env.items()
+            if k[: len(ENV_PREFIX)].upper() == ENV_PREFIX and not (self.env_ignore_empty and v == "")
+        }
 
 
 class Section(BaseSettings):
@@ -77,9 +80,9 @@ class Section(BaseSettings):
 def normalize_database_url(url: str) -> str:
     """Accept libpq-style URLs (``postgres://``, ``postgresql://``) and point them at psycopg 3."""
     if url.startswith("postgres://"):
-        url = "postgresql://" + url[len("postgres://"):]
+        url = "postgresql://" + url[len("postgres://") :]
     if url.startswith("postgresql://"):
-        url = "postgresql+psycopg://" + url[len("postgresql://"):]
+        url = "postgresql+psycopg://" + url[len("postgresql://") :]
     return url
 
 
@@ -95,21 +98,29 @@ class StoreSettings(Section):
 
 class CoordinationSettings(Section):
     redis_url: str | None = Field(None, description="Redis for cross-process coordination (none: in-process locks)")
-    lock_ttl_s: float = Field(5.0, gt=0, allow_inf_nan=False, description="time to live of a Redis session lock, seconds")
+    lock_ttl_s: float = Field(
+        5.0, gt=0, allow_inf_nan=False, description="time to live of a Redis session lock, seconds"
+    )
 
 
 class CountingSettings(Section):
-    broker_url: str | None = Field(None, description="Celery broker for counting workers, Redis or RabbitMQ (none: count in-process)")
+    broker_url: str | None = Field(
+        None, description="Celery broker for counting workers, Redis or RabbitMQ (none: count in-process)"
+    )
     result_backend: str | None = Field(
         None, description="Celery result backend (default: the broker when it is Redis, else Redis on localhost)"
     )
-    count_queue: str = Field("tracker.count", min_length=1, description="queue the counts go to and the workers consume")
+    count_queue: str = Field(
+        "tracker.count", min_length=1, description="queue the counts go to and the workers consume"
+    )
     models_file: str | None = Field(None, description="JSON file of model registry entries to add or override")
 
 
 class ProviderSettings(Section):
     anthropic_base_url: str = Field("https://api.anthropic.com", description="Anthropic API base URL (token counting)")
-    anthropic_api_key: SecretStr | None = Field(None, description="Anthropic API key: exact counts for Anthropic models")
+    anthropic_api_key: SecretStr | None = Field(
+        None, description="Anthropic API key: exact counts for Anthropic models"
+    )
     anthropic_version: str = Field("2023-06-01", description="`anthropic-version` header sent with count requests")
     openai_base_url: str = Field("https://api.openai.com", description="OpenAI API base URL (token counting)")
     openai_api_key: SecretStr | None = Field(None, description="OpenAI API key: provider counts for OpenAI models")
@@ -124,6 +135,7 @@ def _policy_section() -> type[Section]:
         if annotation is None:
             annotation = type(getattr(defaults, f.name))
         fields[f.name] = (annotation, Field(getattr(defaults, f.name), description=POLICY_DOCS[f.name]))
+
     def off_is_none(value: Any) -> Any:
         return None if isinstance(value, str) and value.strip().lower() in ("none", "null", "off") else value
 
@@ -136,13 +148,19 @@ PolicySettings = _policy_section()
 
 class ApiSettings(Section):
     max_body_bytes: int = Field(1 << 20, ge=1, description="HTTP bodies larger than this get 413 before parsing")
-    api_key_cache_s: float = Field(1.0, ge=0, allow_inf_nan=False, description="how long a server trusts a looked-up key (a revoked key works at most this long)")
+    api_key_cache_s: float = Field(
+        1.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="how long a server trusts a looked-up key (a revoked key works at most this long)",
+    )
     api_threads: int = Field(40, ge=1, description="request threads per `tracker serve` process")
 
 
 class BenchSettings(Section):
     bench_pg: str | None = Field(
-        None, description="Postgres server the bench makes scratch databases on (default: TRACKER_DATABASE_URL when Postgres)"
+        None,
+        description="Postgres server the bench makes scratch databases on (default: TRACKER_DATABASE_URL when Postgres)",
     )
     bench_redis: str | None = Field(None, description="Redis for the bench (default: TRACKER_REDIS_URL)")
     bench_broker: str | None = Field(None, description="Celery broker for the bench (default: TRACKER_BROKER_URL)")

@@ -56,7 +56,9 @@ class WrongModelCounter(_TestCounter):
 
     def count(self, request: CanonicalRequest, model: ModelSpec) -> CountResult:
         r = self.honest(request, model)
-        return CountResult(r.input_tokens, str(model.options.get("report_model", "some-other-model")), r.quality, r.fingerprint)
+        return CountResult(
+            r.input_tokens, str(model.options.get("report_model", "some-other-model")), r.quality, r.fingerprint
+        )
 
 
 class WrongQualityCounter(_TestCounter):
@@ -64,7 +66,9 @@ class WrongQualityCounter(_TestCounter):
 
     def count(self, request: CanonicalRequest, model: ModelSpec) -> CountResult:
         r = self.honest(request, model)
-        return CountResult(r.input_tokens, r.model, str(model.options.get("report_quality", "exact_provider")), r.fingerprint)
+        return CountResult(
+            r.input_tokens, r.model, str(model.options.get("report_quality", "exact_provider")), r.fingerprint
+        )
 
 
 class NegativeTokensCounter(_TestCounter):
@@ -98,7 +102,9 @@ class WrongFingerprintCounter(_TestCounter):
 
     def count(self, request: CanonicalRequest, model: ModelSpec) -> CountResult:
         # counts a different request (the one without its last message, as a stale cache would)
-        other = CanonicalRequest(request.system, request.messages[:-1] or (Message("user", (TextPart("x"),)),), request.tools)
+        other = CanonicalRequest(
+            request.system, request.messages[:-1] or (Message("user", (TextPart("x"),)),), request.tools
+        )
         r = self.honest(other, model)
         return CountResult(r.input_tokens, r.model, r.quality, other.fingerprint)
 

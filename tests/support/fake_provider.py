@@ -36,7 +36,9 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:  # keep test output quiet
         pass
 
-    def _send(self, status: int, body: bytes, content_type: str = "application/json", extra: dict[str, str] | None = None) -> None:
+    def _send(
+        self, status: int, body: bytes, content_type: str = "application/json", extra: dict[str, str] | None = None
+    ) -> None:
         self.send_response(status)
         self.send_header("content-type", content_type)
         self.send_header("content-length", str(len(body)))
@@ -65,7 +67,9 @@ class _Handler(BaseHTTPRequestHandler):
         if self.path not in (ANTHROPIC_PATH, OPENAI_PATH):
             return self._json(404, {"error": {"type": "not_found", "message": self.path}})
         if self.path == ANTHROPIC_PATH and not self.headers.get("x-api-key"):
-            return self._json(401, {"type": "error", "error": {"type": "authentication_error", "message": "x-api-key missing"}})
+            return self._json(
+                401, {"type": "error", "error": {"type": "authentication_error", "message": "x-api-key missing"}}
+            )
         if self.path == OPENAI_PATH and not (self.headers.get("authorization") or "").startswith("Bearer "):
             return self._json(401, {"error": {"message": "missing bearer token"}})
         if not isinstance(body, dict) or "model" not in body:
@@ -101,7 +105,9 @@ class _Handler(BaseHTTPRequestHandler):
         if mode == "not_object":
             return self._json(200, [tokens])
         if mode == "no_tokens":
-            return self._json(200, {"object": "response.input_tokens"} if self.path == OPENAI_PATH else {"tokens": tokens})
+            return self._json(
+                200, {"object": "response.input_tokens"} if self.path == OPENAI_PATH else {"tokens": tokens}
+            )
         if mode == "wrong_model":
             return self._json(200, {**ok, "model": "some-other-model"})
         if mode == "wrong_object":

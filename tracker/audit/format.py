@@ -19,8 +19,11 @@ def event_summary(e: Any) -> str:
     d = e.data
     if e.type == "ContextMeasured":
         m = d["measurement"]
-        return (f"{m['basis']} {m['input_tokens']}/{m['input_limit']} ({d['occupancy_bp']} bp) "
-                f"{d['pressure_before']}→{d['pressure']} → {d['action']}" + (f" [{d['trigger']}]" if d.get("trigger") else ""))
+        return (
+            f"{m['basis']} {m['input_tokens']}/{m['input_limit']} ({d['occupancy_bp']} bp) "
+            f"{d['pressure_before']}→{d['pressure']} → {d['action']}"
+            + (f" [{d['trigger']}]" if d.get("trigger") else "")
+        )
     if e.type == "CompactionStarted":
         return f"{d['reason']} attempt {d['attempt_id'][:12]} on {d['basis']} ({d['trigger']}), budget {d['history_budget']}"
     if e.type == "CompactionCommitted":

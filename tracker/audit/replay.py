@@ -42,9 +42,15 @@ def whatif_rows(stored: Iterable[Any], policy: Policy, session_id: str) -> Itera
         op: dict[str, Any] | None = None
         if e.type == "ContextMeasured":
             m = d["measurement"]
-            op = {"op": "measure", "basis": Basis.parse(m["basis"]).through, "input_tokens": m["input_tokens"],
-                  "input_limit": m["input_limit"], "quality": m["quality"], "at": d.get("at", 0.0),
-                  **(d.get("inputs") or {})}
+            op = {
+                "op": "measure",
+                "basis": Basis.parse(m["basis"]).through,
+                "input_tokens": m["input_tokens"],
+                "input_limit": m["input_limit"],
+                "quality": m["quality"],
+                "at": d.get("at", 0.0),
+                **(d.get("inputs") or {}),
+            }
         elif e.type == "CompactionCommitted":
             op = {"op": "commit", "tokens_after": d["tokens_after"], "at": d.get("at", 0.0), "reason": d["reason"]}
         elif e.type == "CompactionRejected" and d["reject_reason"] not in ("lease_expired", "superseded"):

@@ -19,8 +19,13 @@ MAX_TABLE_ROWS = 5000
 MAX_POINTS = 2000
 MAX_MARKERS = 1000
 
-_COLOURS = {"committed": "#2e7d32", "rejected": "#c62828", "open": "#f9a825", "count_failed": "#6a1b9a",
-            "context_limit": "#000000"}
+_COLOURS = {
+    "committed": "#2e7d32",
+    "rejected": "#c62828",
+    "open": "#f9a825",
+    "count_failed": "#6a1b9a",
+    "context_limit": "#000000",
+}
 
 
 class _Series:
@@ -37,7 +42,7 @@ class _Series:
             self.points.append(max(self._pending, key=lambda q: q[1]))  # keep the peak of each bucket
             self._pending = []
         if len(self.points) > MAX_POINTS:
-            self.points = [max(self.points[i:i + 2], key=lambda q: q[1]) for i in range(0, len(self.points), 2)]
+            self.points = [max(self.points[i : i + 2], key=lambda q: q[1]) for i in range(0, len(self.points), 2)]
             self.stride *= 2
 
     def finish(self) -> list[tuple[int, int, int, int, int, int]]:
@@ -101,8 +106,15 @@ def render_html(session_id: str, stored: Iterable[Any], out: Any, title: str | N
     markers = _Markers()
     attempts: dict[str, int] = {}  # attempt_id -> x of start, while the attempt is open
     rows: list[str] = []
-    counts = {"events": 0, "measurements": 0, "attempts": 0, "committed": 0, "rejected": 0, "count_failed": 0,
-              "context_limit": 0}
+    counts = {
+        "events": 0,
+        "measurements": 0,
+        "attempts": 0,
+        "committed": 0,
+        "rejected": 0,
+        "count_failed": 0,
+        "context_limit": 0,
+    }
     state = SessionState(session_id=session_id)
     for e in stored:
         counts["events"] += 1
@@ -143,10 +155,11 @@ def render_html(session_id: str, stored: Iterable[Any], out: Any, title: str | N
     svg = _chart(points, drawn, max(counts["events"], 1))
     more = counts["events"] - len(rows)
     legend = "".join(
-        f"<span class='lg'><i style='background:{c}'></i>{html.escape(k.replace('_', ' '))}</span>" for k, c in _COLOURS.items()
+        f"<span class='lg'><i style='background:{c}'></i>{html.escape(k.replace('_', ' '))}</span>"
+        for k, c in _COLOURS.items()
     )
     doc = f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title or 'replay of ' + session_id)}</title>
+<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title or "replay of " + session_id)}</title>
 <style>
 body{{font:14px system-ui,sans-serif;margin:24px;color:#222}} h1{{font-size:20px}}
 .summary span{{margin-right:18px}} .lg{{margin-right:14px}} .lg i{{display:inline-block;width:10px;height:10px;margin-right:4px}}
@@ -156,23 +169,25 @@ tr.ContextLimitReached td{{background:#212121;color:#fff}} tr.CountFailed td{{ba
 svg text{{font-size:11px}}
 </style></head><body>
 <h1>Session {html.escape(session_id)}</h1>
-<div class="summary" id="summary">{''.join(f"<span data-k='{k}'>{k.replace('_', ' ')}: <b>{v}</b></span>" for k, v in counts.items())}
+<div class="summary" id="summary">{"".join(f"<span data-k='{k}'>{k.replace('_', ' ')}: <b>{v}</b></span>" for k, v in counts.items())}
 <span>revision now: <b>{state.revision}</b></span><span>pressure now: <b>{state.pressure}</b></span></div>
 <p>{legend}<span class='lg'><i style='background:#1565c0'></i>used tokens</span>
 <span class='lg'><i style='background:#ef6c00'></i>compact level</span><span class='lg'><i style='background:#9e9e9e'></i>rearm level</span>
 <span class='lg'><i style='background:#b71c1c'></i>hard limit</span></p>
 {svg}
 <table id="events"><thead><tr><th>v</th><th>recorded at</th><th>event</th><th>what happened</th></tr></thead><tbody>
-{''.join(rows)}
+{"".join(rows)}
 </tbody></table>
-{f'<p>… and {more} more events (see <code>tracker history {html.escape(session_id)}</code>).</p>' if more > 0 else ''}
+{f"<p>… and {more} more events (see <code>tracker history {html.escape(session_id)}</code>).</p>" if more > 0 else ""}
 </body></html>
 """
     out.write(doc)
     return counts
 
 
-def _chart(points: list[tuple[int, int, int, int, int, int]], markers: list[tuple[int, str, str]], n_events: int) -> str:
+def _chart(
+    points: list[tuple[int, int, int, int, int, int]], markers: list[tuple[int, str, str]], n_events: int
+) -> str:
     W, H, PAD_L, PAD_B, PAD_T, PAD_R = 1000, 360, 70, 30, 10, 10
     if not points:
         return "<svg id='timeline' width='1000' height='60'><text x='10' y='30'>no measurements recorded</text></svg>"
@@ -213,6 +228,6 @@ def _chart(points: list[tuple[int, int, int, int, int, int]], markers: list[tupl
 <path class="level compact" d="{path(3)}" fill="none" stroke="#ef6c00" stroke-width="1.5"/>
 <path class="level rearm" d="{path(4)}" fill="none" stroke="#9e9e9e" stroke-width="1.5" stroke-dasharray="6,3"/>
 <path class="used" d="{used}" fill="none" stroke="#1565c0" stroke-width="2"/>
-{''.join(marks)}
+{"".join(marks)}
 <text x="{W / 2}" y="{H - 6}" text-anchor="middle">event version</text>
 </svg>"""

@@ -41,8 +41,18 @@ from tracker.errors import InvalidInput, TrackerError
 
 OPS = ("measure", "commit", "reject", "manual")
 MEASURE_KEYS = {
-    "op", "basis", "input_tokens", "input_limit", "compaction_threshold", "scope", "scope_confidence",
-    "model", "quality", "overhead_tokens", "at", "fingerprint",
+    "op",
+    "basis",
+    "input_tokens",
+    "input_limit",
+    "compaction_threshold",
+    "scope",
+    "scope_confidence",
+    "model",
+    "quality",
+    "overhead_tokens",
+    "at",
+    "fingerprint",
 }
 
 
@@ -127,13 +137,26 @@ class WhatIf:
         if kind == "commit":
             if "tokens_after" not in op:
                 raise InvalidInput("tokens_after", "is required for commit")
-            outcome = decide_commit(self.state, attempt_id=target.attempt_id, fencing_token=target.fencing_token,
-                                    tokens_after=op["tokens_after"], now=now)
+            outcome = decide_commit(
+                self.state,
+                attempt_id=target.attempt_id,
+                fencing_token=target.fencing_token,
+                tokens_after=op["tokens_after"],
+                now=now,
+            )
         else:
-            outcome = decide_reject(self.state, attempt_id=target.attempt_id, fencing_token=target.fencing_token,
-                                    reject_reason=op.get("reject_reason", "execution_failed"), now=now)
-        out: dict[str, Any] = {"ok": outcome.error is None, "revision": outcome.state.revision,
-                               "attempt_id": target.attempt_id}
+            outcome = decide_reject(
+                self.state,
+                attempt_id=target.attempt_id,
+                fencing_token=target.fencing_token,
+                reject_reason=op.get("reject_reason", "execution_failed"),
+                now=now,
+            )
+        out: dict[str, Any] = {
+            "ok": outcome.error is None,
+            "revision": outcome.state.revision,
+            "attempt_id": target.attempt_id,
+        }
         if outcome.error is not None:
             out["rejected"] = getattr(outcome.error, "code", "error")
             out["detail"] = outcome.error.message
@@ -149,13 +172,24 @@ class WhatIf:
         basis = Basis.parse(op["basis"], self.state.revision)
         model = op.get("model", "whatif/model")
         fingerprint = op.get("fingerprint") or hashlib.sha256(str(basis).encode()).hexdigest()
-        m = Measurement(basis=basis, model=ModelRef.from_data(model), fingerprint=fingerprint,
-                        input_tokens=op["input_tokens"], input_limit=op["input_limit"],
-                        quality=op.get("quality", "exact_local"))
+        m = Measurement(
+            basis=basis,
+            model=ModelRef.from_data(model),
+            fingerprint=fingerprint,
+            input_tokens=op["input_tokens"],
+            input_limit=op["input_limit"],
+            quality=op.get("quality", "exact_local"),
+        )
         outcome = decide_measure(
-            self.state, self.policy, m, now=now, new_attempt_id=self._next_attempt_id(),
-            compaction_threshold=op.get("compaction_threshold"), scope=op.get("scope"),
-            scope_confidence=op.get("scope_confidence"), overhead_tokens=op.get("overhead_tokens"),
+            self.state,
+            self.policy,
+            m,
+            now=now,
+            new_attempt_id=self._next_attempt_id(),
+            compaction_threshold=op.get("compaction_threshold"),
+            scope=op.get("scope"),
+            scope_confidence=op.get("scope_confidence"),
+            overhead_tokens=op.get("overhead_tokens"),
         )
         d = outcome.decision
         if d is None:  # refused (stale basis, quality): recorded live, reported here

@@ -121,8 +121,13 @@ SECTIONS: dict[str, Section] = {
 }
 
 
-def run_bench(quick: bool = False, only: set[str] | None = None, progress: Progress | None = None, *,
-              settings: Settings | None = None) -> dict[str, Any]:
+def run_bench(
+    quick: bool = False,
+    only: set[str] | None = None,
+    progress: Progress | None = None,
+    *,
+    settings: Settings | None = None,
+) -> dict[str, Any]:
     """Run the sections in order and return one JSON-ready dict (see the module doc).
 
     ``quick``: smaller runs (well under a minute each). ``only``: the section names to run

@@ -42,7 +42,9 @@ def _drive(ops: list[tuple[str, int]], policy: Policy) -> tuple[int, list[Domain
             a = state.open_automatic
             if a is None:
                 continue
-            out = decide_commit(state, attempt_id=a.attempt_id, fencing_token=a.fencing_token, tokens_after=tokens, now=now)
+            out = decide_commit(
+                state, attempt_id=a.attempt_id, fencing_token=a.fencing_token, tokens_after=tokens, now=now
+            )
         state = out.state
         events.extend(out.events)
     return decisions, events, state

@@ -47,7 +47,9 @@ def sample_request(seed: int = 7, turns: int = 12) -> dict[str, Any]:
     rng = random.Random(seed)
     code = inspect.getsource(textwrap) + inspect.getsource(argparse)[:20_000]
     prose = (json.__doc__ or "") + (inspect.getdoc(argparse.ArgumentParser) or "")
-    messages: list[dict[str, Any]] = [{"role": "user", "content": "Please refactor the argument parser and explain the changes."}]
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": "Please refactor the argument parser and explain the changes."}
+    ]
     for i in range(turns):
         start = rng.randrange(0, len(code) - 1500)
         call_id = f"call_{i}"
@@ -55,12 +57,24 @@ def sample_request(seed: int = 7, turns: int = 12) -> dict[str, Any]:
             {
                 "role": "assistant",
                 "content": f"Step {i}: reading more of the module.",
-                "tool_calls": [{"id": call_id, "type": "function", "function": {"name": "read_file", "arguments": json.dumps({"path": "argparse.py", "offset": start})}}],
+                "tool_calls": [
+                    {
+                        "id": call_id,
+                        "type": "function",
+                        "function": {
+                            "name": "read_file",
+                            "arguments": json.dumps({"path": "argparse.py", "offset": start}),
+                        },
+                    }
+                ],
             }
         )
         output: Any = code[start : start + rng.randint(300, 1500)]
         if i % 4 == 1:
-            output = json.dumps({"matches": [{"line": rng.randint(1, 2000), "text": prose[j * 40 : j * 40 + 60]} for j in range(15)]}, indent=1)
+            output = json.dumps(
+                {"matches": [{"line": rng.randint(1, 2000), "text": prose[j * 40 : j * 40 + 60]} for j in range(15)]},
+                indent=1,
+            )
         if i % 4 == 2:
             output = "Résumé — 文档 📄 " + base64.b64encode(rng.randbytes(600)).decode()
         messages.append({"role": "tool", "tool_call_id": call_id, "content": output})
@@ -69,8 +83,26 @@ def sample_request(seed: int = 7, turns: int = 12) -> dict[str, Any]:
         "system": "You are a careful senior engineer. Use the tools; never invent file contents.",
         "messages": messages,
         "tools": [
-            {"type": "function", "function": {"name": "read_file", "description": "Read part of a file", "parameters": {"type": "object", "properties": {"path": {"type": "string"}, "offset": {"type": "integer"}}, "required": ["path"]}}},
-            {"type": "function", "function": {"name": "run", "description": "Run a shell command", "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}}},
+            {
+                "type": "function",
+                "function": {
+                    "name": "read_file",
+                    "description": "Read part of a file",
+                    "parameters": {
+                        "type": "object",
+                        "properties": {"path": {"type": "string"}, "offset": {"type": "integer"}},
+                        "required": ["path"],
+                    },
+                },
+            },
+            {
+                "type": "function",
+                "function": {
+                    "name": "run",
+                    "description": "Run a shell command",
+                    "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}},
+                },
+            },
         ],
     }
 
@@ -149,8 +181,9 @@ def run_counting_bench(settings: Settings, quick: bool = True, broker_url: str |
     return out
 
 
-def _celery_bench(settings: Settings, broker_url: str, registry: Any, request: dict[str, Any],
-                  expected_tokens: int, span: float) -> dict[str, Any]:
+def _celery_bench(
+    settings: Settings, broker_url: str, registry: Any, request: dict[str, Any], expected_tokens: int, span: float
+) -> dict[str, Any]:
     from tracker.bench.procs import WorkerProcess
     from tracker.bootstrap import build_counting
     from tracker.counting.celery import CeleryCounting

@@ -72,10 +72,14 @@ def run_http_bench(pg_url: str, redis_url: str | None, quick: bool = False) -> d
         port = free_port()
         proc = start_server(_server_env(settings), port, "--log-level", "warning")
         try:
-            with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {token}"},
-                              timeout=30) as client:
+            with httpx.Client(
+                base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {token}"}, timeout=30
+            ) as client:
+
                 def over_http(i: int) -> None:
-                    r = client.post(f"/v1/sessions/http-{run}-{i % SESSIONS}/observe", json={"measurement": _measurement(i)})
+                    r = client.post(
+                        f"/v1/sessions/http-{run}-{i % SESSIONS}/observe", json={"measurement": _measurement(i)}
+                    )
                     if r.status_code != 200:
                         raise RuntimeError(f"observe over HTTP answered {r.status_code}: {r.text[:300]}")
 
@@ -84,7 +88,9 @@ def run_http_bench(pg_url: str, redis_url: str | None, quick: bool = False) -> d
             stop_server(proc)
 
         with Tracker.from_settings(settings) as tracker:
-            direct = _timed(lambda i: tracker.observe(f"direct-{run}-{i % SESSIONS}", measurement=_measurement(i)), warmup, n)
+            direct = _timed(
+                lambda i: tracker.observe(f"direct-{run}-{i % SESSIONS}", measurement=_measurement(i)), warmup, n
+            )
     finally:
         drop_scratch_db(pg_url, name)
 

@@ -111,8 +111,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(env: Mapping[str, str], port: int, *extra: str, quiet: bool = True,
-                 timeout_s: float = 60) -> subprocess.Popen:
+def start_server(
+    env: Mapping[str, str], port: int, *extra: str, quiet: bool = True, timeout_s: float = 60
+) -> subprocess.Popen:
     """``tracker serve`` in a subprocess on loopback, returned once /readyz answers 200.
 
     ``env`` is the child's whole environment (its ``TRACKER_*`` configure the server).
@@ -121,7 +122,10 @@ def start_server(env: Mapping[str, str], port: int, *extra: str, quiet: bool = T
 
     proc = subprocess.Popen(
         [sys.executable, "-m", "tracker.cli", "serve", "--port", str(port), "--no-access-log", *extra],
-        env=dict(env), stdout=subprocess.DEVNULL if quiet else subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=dict(env),
+        stdout=subprocess.DEVNULL if quiet else subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -184,8 +188,9 @@ def stop_process_group(proc: subprocess.Popen, grace_s: float = 10) -> None:
         pass
 
 
-def worker_command(concurrency: int | None = None, queues: Sequence[str] | str | None = None,
-                   loglevel: str = "INFO", **kw: Any) -> list[str]:
+def worker_command(
+    concurrency: int | None = None, queues: Sequence[str] | str | None = None, loglevel: str = "INFO", **kw: Any
+) -> list[str]:
     """The command line of a count worker subprocess (``python -m celery -A workers.app worker …``)."""
     from workers.app import worker_argv
 
@@ -201,8 +206,9 @@ class WorkerProcess:
     can name a counter class of the tests by import path).
     """
 
-    def __init__(self, *, broker: str, backend: str, queue: str, env: Mapping[str, str] | None = None,
-                 concurrency: int = 2) -> None:
+    def __init__(
+        self, *, broker: str, backend: str, queue: str, env: Mapping[str, str] | None = None, concurrency: int = 2
+    ) -> None:
         self.queue = queue
         self.hostname = f"ct-{uuid.uuid4().hex[:10]}@localhost"
         self.env = {

@@ -37,8 +37,14 @@ def _observer(args: tuple[str, str | None, str, float]) -> tuple[int, list[float
 
     def one(i: int) -> None:
         # a session that climbs and stays under its compact level: the common case, proceed
-        m = {"basis": f"m{i}", "input_tokens": used + (i % 500) * 100, "input_limit": 200_000,
-             "quality": "exact_local", "model": {"provider": "openai", "name": "gpt-4o"}, "fingerprint": fp}
+        m = {
+            "basis": f"m{i}",
+            "input_tokens": used + (i % 500) * 100,
+            "input_limit": 200_000,
+            "quality": "exact_local",
+            "model": {"provider": "openai", "name": "gpt-4o"},
+            "fingerprint": fp,
+        }
         t.observe(sessions[i % len(sessions)], measurement=m)
 
     try:
@@ -57,9 +63,13 @@ def _observer(args: tuple[str, str | None, str, float]) -> tuple[int, list[float
     return len(latencies), latencies
 
 
-def run_service_bench(pg_url: str, redis_url: str | None, quick: bool = False,
-                      raw_insert_per_s: dict[str, float] | None = None,
-                      process_counts: tuple[int, ...] = PROCESS_COUNTS) -> dict[str, Any]:
+def run_service_bench(
+    pg_url: str,
+    redis_url: str | None,
+    quick: bool = False,
+    raw_insert_per_s: dict[str, float] | None = None,
+    process_counts: tuple[int, ...] = PROCESS_COUNTS,
+) -> dict[str, Any]:
     """observe/s and p50/p99 per process count, next to the store bench's raw INSERT baseline."""
     from tracker.store import upgrade
 

@@ -36,10 +36,16 @@ WRITER_COUNTS = (1, 4, 16)
 
 def measured_event() -> NewEvent:
     """The ``ContextMeasured`` the core records for a typical mid-session measurement."""
-    measurement = Measurement(Basis(3, "msg-000187"), ModelRef("openai", "gpt-4.1"), "9f2c4b1e" * 8,
-                              81_234, 111_616, "exact_local")
-    out = decide_measure(SessionState(session_id="bench", revision=3), Policy(), measurement,
-                         now=1_700_000_000.0, new_attempt_id="bench-attempt")
+    measurement = Measurement(
+        Basis(3, "msg-000187"), ModelRef("openai", "gpt-4.1"), "9f2c4b1e" * 8, 81_234, 111_616, "exact_local"
+    )
+    out = decide_measure(
+        SessionState(session_id="bench", revision=3),
+        Policy(),
+        measurement,
+        now=1_700_000_000.0,
+        new_attempt_id="bench-attempt",
+    )
     event = next(e for e in out.events if isinstance(e, ContextMeasured))
     return NewEvent(ContextMeasured.TYPE, event.to_data())
 
@@ -72,8 +78,18 @@ class CountingProjector:
     def apply(self, state: dict[str, Any], event: StoredEvent) -> dict[str, Any]:
         by_type = dict(state["by_type"])
         by_type[event.type] = by_type.get(event.type, 0) + 1
-        occupancy = event.data.get("occupancy_bp", state["occupancy_bp"]) if isinstance(event.data, dict) else state["occupancy_bp"]
-        return {**state, "events": state["events"] + 1, "by_type": by_type, "last_version": event.version, "occupancy_bp": occupancy}
+        occupancy = (
+            event.data.get("occupancy_bp", state["occupancy_bp"])
+            if isinstance(event.data, dict)
+            else state["occupancy_bp"]
+        )
+        return {
+            **state,
+            "events": state["events"] + 1,
+            "by_type": by_type,
+            "last_version": event.version,
+            "occupancy_bp": occupancy,
+        }
 
     def columns(self, state: dict[str, Any]) -> dict[str, Any]:
         occ = state["occupancy_bp"]
@@ -180,7 +196,9 @@ def _fold_bench(url: str, n_events: int, repeats: int) -> tuple[float, float]:
             state, v = store.fold_stream(sid)
             fold_best = min(fold_best, time.perf_counter() - t0)
             if v != n_events or state["events"] != n_events:
-                raise IntegrityError(f"fold_stream saw {state['events']} events at version {v}, {n_events} were appended")
+                raise IntegrityError(
+                    f"fold_stream saw {state['events']} events at version {v}, {n_events} were appended"
+                )
             with psycopg.connect(url) as conn:
                 t0 = time.perf_counter()
                 rows = conn.execute(
@@ -196,7 +214,9 @@ def _fold_bench(url: str, n_events: int, repeats: int) -> tuple[float, float]:
         store.close()
 
 
-def run_store_bench(pg_url: str, quick: bool = False, *, writer_counts: tuple[int, ...] = WRITER_COUNTS) -> dict[str, Any]:
+def run_store_bench(
+    pg_url: str, quick: bool = False, *, writer_counts: tuple[int, ...] = WRITER_COUNTS
+) -> dict[str, Any]:
     """Benchmark the store against raw psycopg on the PostgreSQL server at ``pg_url`` (see module doc).
 
     Each (writers, kind) pair is measured ``rounds`` times, alternating store and raw, and the

@@ -62,7 +62,7 @@ def sqlite_file(url: str) -> Path | None:
     """The file of a ``sqlite:///path`` URL (None for other databases and in-memory SQLite)."""
     if not url.startswith("sqlite:///") or url in ("sqlite:///", "sqlite:///:memory:"):
         return None
-    return Path(url[len("sqlite:///"):].split("?", 1)[0])
+    return Path(url[len("sqlite:///") :].split("?", 1)[0])
 
 
 def require_database_file(url: str) -> None:
@@ -154,8 +154,12 @@ MAX_AUTO = typer.Option(None, "--max-automatic-per-episode", help="loop breaker 
 
 
 def policy_from_flags(
-    compact_at: int | None, rearm_below: int | None, turn_delta: float | None, observe_only: bool,
-    max_automatic_per_episode: int | None, base: Policy | None = None,
+    compact_at: int | None,
+    rearm_below: int | None,
+    turn_delta: float | None,
+    observe_only: bool,
+    max_automatic_per_episode: int | None,
+    base: Policy | None = None,
 ) -> Policy:
     """``base`` (default: the default policy) with the policy flags that were given applied."""
     from tracker.core import Policy

@@ -46,8 +46,11 @@ def db_upgrade(as_json: bool = typer.Option(False, "--json")) -> None:
         revision = upgrade(url)
     except TrackerError as exc:
         fail(exc, as_json)
-    emit({"ok": True, "database_url": redact(url), "revision": revision}, as_json,
-         lambda r: console.print(f"[green]schema at revision {r['revision']}[/] ({r['database_url']})"))
+    emit(
+        {"ok": True, "database_url": redact(url), "revision": revision},
+        as_json,
+        lambda r: console.print(f"[green]schema at revision {r['revision']}[/] ({r['database_url']})"),
+    )
 
 
 @app.command()
@@ -64,10 +67,14 @@ def demo(
         if value < low or value > 1000:
             fail(invalid(name, f"must be between {low} and 1000, got {value}"), as_json)
     if not as_json:
-        console.print(f"[bold]Context Tracker demo[/]: {workers} worker processes × {sessions_per_worker} sessions × "
-                      f"{steps} steps, real counting, store and coordination")
+        console.print(
+            f"[bold]Context Tracker demo[/]: {workers} worker processes × {sessions_per_worker} sessions × "
+            f"{steps} steps, real counting, store and coordination"
+        )
     try:
-        result = run_demo(workers, sessions_per_worker, steps, console=None if as_json else console, settings=settings())
+        result = run_demo(
+            workers, sessions_per_worker, steps, console=None if as_json else console, settings=settings()
+        )
     except TrackerError as exc:
         fail(exc, as_json)
     emit(result, as_json, _demo_table)
@@ -78,20 +85,44 @@ def _demo_table(result: dict[str, Any]) -> None:
 
     def cells(r: dict[str, Any]) -> tuple[str, ...]:
         outcome = "[bold red]ContextLimitError[/]" if r["outcome"] == "ContextLimitError" else "[green]finished[/]"
-        return (r["session_id"], str(r["measurements"]), f"{r['compactions_committed']}/{r['compactions_rejected']}",
-                str(r["count_failures"]), str(r["revision"]), f"{r['tokens_now']} / {r['input_limit']}",
-                pressure_markup(r["pressure"]), outcome)
+        return (
+            r["session_id"],
+            str(r["measurements"]),
+            f"{r['compactions_committed']}/{r['compactions_rejected']}",
+            str(r["count_failures"]),
+            str(r["revision"]),
+            f"{r['tokens_now']} / {r['input_limit']}",
+            pressure_markup(r["pressure"]),
+            outcome,
+        )
 
-    print_table(f"demo run {result['run_id']} — {result['elapsed_s']} s",
-                ("session", "measured", "compactions ✓/✗", "count failures", "revision", "tokens now / limit",
-                 "pressure", "outcome"), map(cells, result["sessions"]))
+    print_table(
+        f"demo run {result['run_id']} — {result['elapsed_s']} s",
+        (
+            "session",
+            "measured",
+            "compactions ✓/✗",
+            "count failures",
+            "revision",
+            "tokens now / limit",
+            "pressure",
+            "outcome",
+        ),
+        map(cells, result["sessions"]),
+    )
     where = "embedded SQLite" if result["database_url"].startswith("sqlite") else redact(result["database_url"])
     console.print(f"Recorded in {where}. Try next:")
     first = result["sessions"][0]["session_id"]
     broken = next((r["session_id"] for r in result["sessions"] if r["outcome"] == "ContextLimitError"), first)
-    for cmd in ("tracker sessions", f"tracker history {broken}", f"tracker replay {broken} --html replay.html",
-                f"tracker replay {first} --compact-at 7000 --rearm-below 5000", "tracker verify",
-                "tracker export --since 0 | head", "tracker whatif examples/coding-session.jsonl --table"):
+    for cmd in (
+        "tracker sessions",
+        f"tracker history {broken}",
+        f"tracker replay {broken} --html replay.html",
+        f"tracker replay {first} --compact-at 7000 --rearm-below 5000",
+        "tracker verify",
+        "tracker export --since 0 | head",
+        "tracker whatif examples/coding-session.jsonl --table",
+    ):
         console.print(f"  [cyan]{cmd}[/]")
 
 
@@ -147,9 +178,15 @@ def _whatif_rows(runner: Any, lines: Any) -> Any:
         elif kind == "measure":
             a = out["action"]
             yield (
-                str(runner.line_no), kind, f"{op.get('input_tokens')} / {op.get('input_limit')}", str(out["occupancy_bp"]),
-                out["pressure"], f"[{WHATIF_COLOUR.get(a, 'white')}]{a}[/]", out["trigger"] or "",
-                f"{out['threshold_bp']} ({out['threshold_source']})", f"{out['compact_level']}/{out['rearm_level']}",
+                str(runner.line_no),
+                kind,
+                f"{op.get('input_tokens')} / {op.get('input_limit')}",
+                str(out["occupancy_bp"]),
+                out["pressure"],
+                f"[{WHATIF_COLOUR.get(a, 'white')}]{a}[/]",
+                out["trigger"] or "",
+                f"{out['threshold_bp']} ({out['threshold_source']})",
+                f"{out['compact_level']}/{out['rearm_level']}",
                 out["attempt_id"] or "",
             )
         else:
@@ -167,8 +204,12 @@ def bench(
     from tracker.bench import run_bench
 
     try:
-        result = run_bench(quick=quick, only=set(sections.split(",")) if sections else None,
-                           progress=None if as_json else err_console, settings=settings())
+        result = run_bench(
+            quick=quick,
+            only=set(sections.split(",")) if sections else None,
+            progress=None if as_json else err_console,
+            settings=settings(),
+        )
     except TrackerError as exc:
         fail(exc, as_json)
     emit(result, as_json, lambda r: console.print_json(json.dumps(r)))

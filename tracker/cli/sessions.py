@@ -57,7 +57,9 @@ def verify(as_json: bool = typer.Option(False, "--json")) -> None:
 @app.command()
 def observe(
     session_id: str = typer.Argument(..., help="session id"),
-    basis: str = typer.Option(..., "--basis", help="r<revision>:<through>, or a bare 'through' at the current revision"),
+    basis: str = typer.Option(
+        ..., "--basis", help="r<revision>:<through>, or a bare 'through' at the current revision"
+    ),
     input_tokens: int | None = typer.Option(None, "--input-tokens", help="a measurement you counted yourself"),
     input_limit: int | None = typer.Option(None, "--input-limit"),
     request_file: Path | None = typer.Option(None, "--request", help="JSON file of the complete request to count"),
@@ -82,14 +84,20 @@ def observe(
         fail(exc, as_json)
     try:
         if request_file is not None:
-            result = tracker.observe(session_id, request=request, model=model, basis=basis,
-                                     compaction_threshold=compaction_threshold)
+            result = tracker.observe(
+                session_id, request=request, model=model, basis=basis, compaction_threshold=compaction_threshold
+            )
         else:
             if input_tokens is None or input_limit is None:
                 raise typer.BadParameter("give --request FILE, or --input-tokens and --input-limit")
-            m = {"basis": basis, "input_tokens": input_tokens, "input_limit": input_limit, "quality": quality,
-                 "model": {"provider": "cli", "name": model or "unknown"},
-                 "fingerprint": hashlib.sha256(f"{session_id}:{basis}".encode()).hexdigest()}
+            m = {
+                "basis": basis,
+                "input_tokens": input_tokens,
+                "input_limit": input_limit,
+                "quality": quality,
+                "model": {"provider": "cli", "name": model or "unknown"},
+                "fingerprint": hashlib.sha256(f"{session_id}:{basis}".encode()).hexdigest(),
+            }
             result = tracker.observe(session_id, measurement=m, compaction_threshold=compaction_threshold)
     except TrackerError as exc:
         fail(exc, as_json)
@@ -99,11 +107,15 @@ def observe(
         print(json.dumps(result.to_data()))
         return
     d = result.decision
-    console.print(f"{session_id} v{result.version}: [bold]{d.action}[/] (pressure {d.pressure}, "
-                  f"{d.occupancy_bp} bp, compact at {d.compact_level}, rearm below {d.rearm_level})")
+    console.print(
+        f"{session_id} v{result.version}: [bold]{d.action}[/] (pressure {d.pressure}, "
+        f"{d.occupancy_bp} bp, compact at {d.compact_level}, rearm below {d.rearm_level})"
+    )
     if d.attempt:
-        console.print(f"  attempt {d.attempt.attempt_id} fencing token {d.attempt.fencing_token}, "
-                      f"history budget {d.attempt.history_budget}")
+        console.print(
+            f"  attempt {d.attempt.attempt_id} fencing token {d.attempt.fencing_token}, "
+            f"history budget {d.attempt.history_budget}"
+        )
 
 
 @app.command()
@@ -129,12 +141,21 @@ def sessions(
 
         def cells(r: dict[str, Any]) -> tuple[str, ...]:
             occ = r.get("occupancy_bp")
-            return (r["session_id"], pressure_markup(r["pressure"]), "" if occ is None else f"{occ / 100:.1f}%",
-                    str(r["revision"]), str(r["open_attempts"]), str(r["version"]), str(r["updated_at"])[:19])
+            return (
+                r["session_id"],
+                pressure_markup(r["pressure"]),
+                "" if occ is None else f"{occ / 100:.1f}%",
+                str(r["revision"]),
+                str(r["open_attempts"]),
+                str(r["version"]),
+                str(r["updated_at"])[:19],
+            )
 
-        print_table(f"{len(rows)} sessions",
-                    ("session", "pressure", "occupancy", "revision", "open attempts", "events", "last activity"),
-                    map(cells, rows))
+        print_table(
+            f"{len(rows)} sessions",
+            ("session", "pressure", "occupancy", "revision", "open attempts", "events", "last activity"),
+            map(cells, rows),
+        )
 
     emit(rows, as_json, table)
 
@@ -165,10 +186,13 @@ def history(
         if as_json:
             print_json_lines(queries.event_to_dict(e) for e in events)
             return
-        rows = ((str(e.version), e.recorded_at.strftime("%H:%M:%S.%f")[:-3], e.type, escape(event_summary(e)))
-                for e in events)
-        print_rows(f"history of {session_id}", ("v", "time", "event", "what happened"), rows,
-                   stream=version > TABLE_MAX_ROWS)
+        rows = (
+            (str(e.version), e.recorded_at.strftime("%H:%M:%S.%f")[:-3], e.type, escape(event_summary(e)))
+            for e in events
+        )
+        print_rows(
+            f"history of {session_id}", ("v", "time", "event", "what happened"), rows, stream=version > TABLE_MAX_ROWS
+        )
 
 
 @app.command()
@@ -192,14 +216,22 @@ def replay(
         events = queries.read_history(store, session_id, 1, at)
         if html_file is not None:
             _replay_html(session_id, events, html_file, as_json)
-        elif any(f is not None for f in (compact_at, rearm_below, turn_delta, observe_only or None,
-                                         max_automatic_per_episode)):
+        elif any(
+            f is not None
+            for f in (compact_at, rearm_below, turn_delta, observe_only or None, max_automatic_per_episode)
+        ):
             from tracker.core import Policy
 
             first = next(iter(queries.read_history(store, session_id, 1, 1)))
             try:
-                policy = policy_from_flags(compact_at, rearm_below, turn_delta, observe_only, max_automatic_per_episode,
-                                           base=Policy.from_data(first.data["policy"]))
+                policy = policy_from_flags(
+                    compact_at,
+                    rearm_below,
+                    turn_delta,
+                    observe_only,
+                    max_automatic_per_episode,
+                    base=Policy.from_data(first.data["policy"]),
+                )
             except TrackerError as exc:
                 fail(exc, as_json)
             _replay_whatif(session_id, events, policy, as_json, stream)
@@ -215,9 +247,11 @@ def _replay_html(session_id: str, events: Any, html_file: Path, as_json: bool) -
     if as_json:
         print(json.dumps({"html": str(html_file), **counts}))
     else:
-        console.print(f"[green]wrote[/] {html_file}: {counts['events']} events, {counts['attempts']} attempts "
-                      f"({counts['committed']} committed, {counts['rejected']} rejected), "
-                      f"{counts['count_failed']} count failures, {counts['context_limit']} context-limit errors")
+        console.print(
+            f"[green]wrote[/] {html_file}: {counts['events']} events, {counts['attempts']} attempts "
+            f"({counts['committed']} committed, {counts['rejected']} rejected), "
+            f"{counts['count_failed']} count failures, {counts['context_limit']} context-limit errors"
+        )
 
 
 def _replay_whatif(session_id: str, events: Any, policy: Any, as_json: bool, stream: bool) -> None:
@@ -236,13 +270,23 @@ def _replay_whatif(session_id: str, events: Any, policy: Any, as_json: bool, str
             w = row["whatif"]
             if row["op"] == "measure" and "error" not in w:
                 mark = "[bold yellow]" if row["changed"] else ""
-                yield (str(row["version"]), "measure", row["recorded_action"], f"{mark}{w['action']}",
-                       w["pressure"], f"{w['compact_level']}/{w['rearm_level']}")
+                yield (
+                    str(row["version"]),
+                    "measure",
+                    row["recorded_action"],
+                    f"{mark}{w['action']}",
+                    w["pressure"],
+                    f"{w['compact_level']}/{w['rearm_level']}",
+                )
             else:
                 yield (str(row["version"]), row["op"], "", escape(json.dumps(w)), "", "")
 
-    print_rows(f"what-if for {session_id}: compact at {policy.compact_at_bp}, rearm below {policy.rearm_below_bp}",
-               ("v", "op", "recorded", "what-if", "pressure", "levels c/r"), table_rows(), stream=stream)
+    print_rows(
+        f"what-if for {session_id}: compact at {policy.compact_at_bp}, rearm below {policy.rearm_below_bp}",
+        ("v", "op", "recorded", "what-if", "pressure", "levels c/r"),
+        table_rows(),
+        stream=stream,
+    )
     console.print(f"{changed} decisions would change under this policy")
 
 
@@ -252,8 +296,9 @@ def _replay_states(session_id: str, events: Any, at: int | None, as_json: bool, 
 
     steps = replay_states(events, session_id, at)
     if as_json:
-        print_json_lines({"version": st.event.version, "type": st.event.type, "state": st.state.to_data()}
-                         for st in steps)
+        print_json_lines(
+            {"version": st.event.version, "type": st.event.type, "state": st.state.to_data()} for st in steps
+        )
         return
     last = None
 
@@ -261,11 +306,21 @@ def _replay_states(session_id: str, events: Any, at: int | None, as_json: bool, 
         nonlocal last
         for st in steps:
             last = st
-            yield (str(st.state.version), st.event.type, pressure_markup(st.state.pressure), str(st.state.revision),
-                   str(len(st.state.open_attempts)), escape(", ".join(sorted(st.state.exhausted))))
+            yield (
+                str(st.state.version),
+                st.event.type,
+                pressure_markup(st.state.pressure),
+                str(st.state.revision),
+                str(len(st.state.open_attempts)),
+                escape(", ".join(sorted(st.state.exhausted))),
+            )
 
-    print_rows(f"replay of {session_id}" + (f" up to v{at}" if at else ""),
-               ("v", "event", "pressure", "revision", "open attempts", "exhausted"), rows(), stream=stream)
+    print_rows(
+        f"replay of {session_id}" + (f" up to v{at}" if at else ""),
+        ("v", "event", "pressure", "revision", "open attempts", "exhausted"),
+        rows(),
+        stream=stream,
+    )
     if last is not None:
         console.print_json(json.dumps(last.state.to_data()))
 

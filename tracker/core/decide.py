@@ -61,14 +61,27 @@ class Decision:
     waiting_on: Attempt | None = None  # the open automatic attempt (action == wait)
 
     @classmethod
-    def from_event(cls, e: ContextMeasured, waiting_on: Attempt | None = None, attempt: Attempt | None = None) -> Decision:
+    def from_event(
+        cls, e: ContextMeasured, waiting_on: Attempt | None = None, attempt: Attempt | None = None
+    ) -> Decision:
         """The decision a recorded ``ContextMeasured`` stands for."""
         basis = Basis.parse(e.measurement["basis"], 1)
         return cls(
-            action=e.action, pressure=e.pressure, pressure_before=e.pressure_before, occupancy_bp=e.occupancy_bp,
-            threshold_bp=e.threshold_bp, threshold_source=e.threshold_source, compact_level=e.compact_level,
-            rearm_level=e.rearm_level, hard_level=e.hard_level, growth_fired=e.growth_fired, trigger=e.trigger,
-            basis=str(basis), revision=basis.revision, attempt=attempt, waiting_on=waiting_on,
+            action=e.action,
+            pressure=e.pressure,
+            pressure_before=e.pressure_before,
+            occupancy_bp=e.occupancy_bp,
+            threshold_bp=e.threshold_bp,
+            threshold_source=e.threshold_source,
+            compact_level=e.compact_level,
+            rearm_level=e.rearm_level,
+            hard_level=e.hard_level,
+            growth_fired=e.growth_fired,
+            trigger=e.trigger,
+            basis=str(basis),
+            revision=basis.revision,
+            attempt=attempt,
+            waiting_on=waiting_on,
         )
 
     @classmethod
@@ -130,22 +143,34 @@ def outcome(state: SessionState, events: list[DomainEvent], **kw: Any) -> Outcom
 def context_limit_error(basis: str, input_tokens: int, input_limit: int) -> ContextLimitError:
     return ContextLimitError(
         f"{input_tokens} tokens reach the input limit {input_limit} and no automatic compaction is eligible "
-        f"for basis {basis}", basis=basis, input_tokens=input_tokens, input_limit=input_limit,
+        f"for basis {basis}",
+        basis=basis,
+        input_tokens=input_tokens,
+        input_limit=input_limit,
     )
 
 
 def stale_basis_error(basis: str, current_revision: int) -> StaleBasis:
-    return StaleBasis(f"basis {basis} is older than the session's revision r{current_revision}",
-                      basis=basis, current_revision=current_revision)
+    return StaleBasis(
+        f"basis {basis} is older than the session's revision r{current_revision}",
+        basis=basis,
+        current_revision=current_revision,
+    )
 
 
-def summary_too_large_error(attempt_id: str, tokens_after: int | None = None,
-                            input_limit: int | None = None) -> SummaryTooLarge:
+def summary_too_large_error(
+    attempt_id: str, tokens_after: int | None = None, input_limit: int | None = None
+) -> SummaryTooLarge:
     if tokens_after is None:
-        return SummaryTooLarge(f"attempt {attempt_id}: tokens_after >= input_limit; recorded as a rejection",
-                               attempt_id=attempt_id)
-    return SummaryTooLarge(f"tokens_after {tokens_after} >= input_limit {input_limit}; recorded as a rejection",
-                           attempt_id=attempt_id, tokens_after=tokens_after, input_limit=input_limit)
+        return SummaryTooLarge(
+            f"attempt {attempt_id}: tokens_after >= input_limit; recorded as a rejection", attempt_id=attempt_id
+        )
+    return SummaryTooLarge(
+        f"tokens_after {tokens_after} >= input_limit {input_limit}; recorded as a rejection",
+        attempt_id=attempt_id,
+        tokens_after=tokens_after,
+        input_limit=input_limit,
+    )
 
 
 def _begin(state: SessionState, policy: Policy, now: float) -> tuple[SessionState, list[DomainEvent], Policy]:
@@ -167,8 +192,12 @@ def expire_leases(state: SessionState, now: float) -> list[DomainEvent]:
     """SPEC §6 Lease: attempts open past their lease are rejected as ``lease_expired``."""
     return [
         CompactionRejected(
-            attempt_id=a.attempt_id, reason=a.reason, basis=a.basis, reject_reason="lease_expired",
-            duration_ms=_ms(now - a.opened_at), at=now,
+            attempt_id=a.attempt_id,
+            reason=a.reason,
+            basis=a.basis,
+            reject_reason="lease_expired",
+            duration_ms=_ms(now - a.opened_at),
+            at=now,
         )
         for a in state.open_attempts
         if now > a.lease_expires_at  # open *longer than* the lease
@@ -213,9 +242,7 @@ def decide_measure(
     overhead = _overhead(overhead_tokens)
     basis = measurement.basis
     if basis.revision > state.revision:
-        raise InvalidInput(
-            "basis.revision", f"r{basis.revision} is ahead of the session's revision r{state.revision}"
-        )
+        raise InvalidInput("basis.revision", f"r{basis.revision} is ahead of the session's revision r{state.revision}")
 
     s, events, policy = _begin(state, default_policy, now)
 
@@ -225,10 +252,14 @@ def decide_measure(
     if not policy.allows_quality(measurement.quality):
         err = QualityMismatch(
             f"quality {measurement.quality} is not allowed by counter_policy {policy.counter_policy}",
-            quality=measurement.quality, counter_policy=policy.counter_policy,
+            quality=measurement.quality,
+            counter_policy=policy.counter_policy,
         )
-        events.append(CountFailed(kind=err.kind, model=measurement.model.name, detail=err.message, duration_ms=0,
-                                  basis=str(basis), at=now))
+        events.append(
+            CountFailed(
+                kind=err.kind, model=measurement.model.name, detail=err.message, duration_ms=0, basis=str(basis), at=now
+            )
+        )
         return outcome(state, events, error=err)
 
     used, L = measurement.input_tokens, measurement.input_limit
@@ -260,19 +291,37 @@ def decide_measure(
     else:
         action = "proceed"
 
-    events.append(ContextMeasured(
-        measurement=measurement.to_data(), occupancy_bp=occ, pressure_before=before, pressure=pressure,
-        threshold_bp=threshold.bp, threshold_source=threshold.source, compact_level=lv.compact,
-        rearm_level=lv.rearm, hard_level=lv.hard, growth_fired=grew, action=action, trigger=trigger, at=now,
-        inputs=_inputs(compaction_threshold, scope, scope_confidence, overhead_tokens),
-    ))
+    events.append(
+        ContextMeasured(
+            measurement=measurement.to_data(),
+            occupancy_bp=occ,
+            pressure_before=before,
+            pressure=pressure,
+            threshold_bp=threshold.bp,
+            threshold_source=threshold.source,
+            compact_level=lv.compact,
+            rearm_level=lv.rearm,
+            hard_level=lv.hard,
+            growth_fired=grew,
+            action=action,
+            trigger=trigger,
+            at=now,
+            inputs=_inputs(compaction_threshold, scope, scope_confidence, overhead_tokens),
+        )
+    )
     opened: Attempt | None = None
     error: TrackerError | None = None
     if action == "compact":
         started = CompactionStarted(
-            attempt_id=new_attempt_id, reason="automatic", trigger=trigger or "threshold", basis=str(basis),
-            fencing_token=s.attempts_opened + 1, opened_at=now, lease_expires_at=now + policy.attempt_lease_s,
-            tokens_before=used, input_limit=L,
+            attempt_id=new_attempt_id,
+            reason="automatic",
+            trigger=trigger or "threshold",
+            basis=str(basis),
+            fencing_token=s.attempts_opened + 1,
+            opened_at=now,
+            lease_expires_at=now + policy.attempt_lease_s,
+            tokens_before=used,
+            input_limit=L,
             history_budget=history_budget(L, overhead, threshold.bp, policy.compact_at_bp),
         )
         events.append(started)
@@ -281,9 +330,20 @@ def decide_measure(
         events.append(ContextLimitReached(basis=str(basis), input_tokens=used, input_limit=L, at=now))
         error = context_limit_error(str(basis), used, L)
     decision = Decision(
-        action=action, pressure=pressure, pressure_before=before, occupancy_bp=occ, threshold_bp=threshold.bp,
-        threshold_source=threshold.source, compact_level=lv.compact, rearm_level=lv.rearm, hard_level=lv.hard,
-        growth_fired=grew, trigger=trigger, basis=str(basis), revision=basis.revision, attempt=opened,
+        action=action,
+        pressure=pressure,
+        pressure_before=before,
+        occupancy_bp=occ,
+        threshold_bp=threshold.bp,
+        threshold_source=threshold.source,
+        compact_level=lv.compact,
+        rearm_level=lv.rearm,
+        hard_level=lv.hard,
+        growth_fired=grew,
+        trigger=trigger,
+        basis=str(basis),
+        revision=basis.revision,
+        attempt=opened,
         waiting_on=open_auto if action == "wait" else None,
     )
     return outcome(state, events, decision=decision, error=error)
@@ -301,8 +361,16 @@ def decide_count_failed(
 ) -> Outcome:
     """A count failure is recorded and never decides anything with a guessed number."""
     s, events, _ = _begin(state, default_policy, now)
-    events.append(CountFailed(kind=error.kind, model=model, detail=error.message, duration_ms=max(0, int(duration_ms)),
-                              basis=str(basis) if basis else None, at=now))
+    events.append(
+        CountFailed(
+            kind=error.kind,
+            model=model,
+            detail=error.message,
+            duration_ms=max(0, int(duration_ms)),
+            basis=str(basis) if basis else None,
+            at=now,
+        )
+    )
     return outcome(state, events, error=error)
 
 
@@ -321,9 +389,14 @@ def decide_manual(
         raise InvalidInput("basis.revision", f"must be the session's revision r{state.revision}, got r{basis.revision}")
     s, events, policy = _begin(state, default_policy, now)
     if s.open_manual is not None:
-        return outcome(state, events, error=ManualAttemptOpen(
-            f"manual attempt {s.open_manual.attempt_id} is already open", attempt_id=s.open_manual.attempt_id,
-        ))
+        return outcome(
+            state,
+            events,
+            error=ManualAttemptOpen(
+                f"manual attempt {s.open_manual.attempt_id} is already open",
+                attempt_id=s.open_manual.attempt_id,
+            ),
+        )
     last = s.last if s.last and s.last.revision == s.revision else None
     b = str(basis) if basis else (last.basis if last else f"r{s.revision}:manual")
     L = last.input_limit if last else None
@@ -331,9 +404,16 @@ def decide_manual(
     if L is not None:
         budget = history_budget(L, overhead, policy.compact_at_bp, policy.compact_at_bp)
     started = CompactionStarted(
-        attempt_id=new_attempt_id, reason="manual", trigger="manual", basis=b, fencing_token=s.attempts_opened + 1,
-        opened_at=now, lease_expires_at=now + policy.attempt_lease_s,
-        tokens_before=last.input_tokens if last else None, input_limit=L, history_budget=budget,
+        attempt_id=new_attempt_id,
+        reason="manual",
+        trigger="manual",
+        basis=b,
+        fencing_token=s.attempts_opened + 1,
+        opened_at=now,
+        lease_expires_at=now + policy.attempt_lease_s,
+        tokens_before=last.input_tokens if last else None,
+        input_limit=L,
+        history_budget=budget,
     )
     events.append(started)
     return outcome(state, events, attempt=Attempt.from_started(started))
@@ -348,11 +428,14 @@ def _holder(s: SessionState, attempt_id: Any, fencing_token: Any) -> Attempt | T
     if attempt is None:
         outcome = s.outcome_of(attempt_id)
         if outcome is not None:
-            return AttemptNotOpen(f"attempt {attempt_id} already ended ({outcome})", attempt_id=attempt_id, outcome=outcome)
+            return AttemptNotOpen(
+                f"attempt {attempt_id} already ended ({outcome})", attempt_id=attempt_id, outcome=outcome
+            )
         return UnknownAttempt(f"no open attempt {attempt_id} in session {s.session_id}", attempt_id=attempt_id)
     if attempt.fencing_token != fencing_token:
         return NotAttemptHolder(
-            f"fencing token {fencing_token} does not hold attempt {attempt_id}", attempt_id=attempt_id,
+            f"fencing token {fencing_token} does not hold attempt {attempt_id}",
+            attempt_id=attempt_id,
         )
     return attempt
 
@@ -382,18 +465,44 @@ def decide_commit(
     a = held
     duration = _ms(now - a.opened_at)
     if a.input_limit is not None and tokens_after >= a.input_limit:
-        events.append(CompactionRejected(attempt_id=a.attempt_id, reason=a.reason, basis=a.basis,
-                                         reject_reason="summary_too_large", duration_ms=duration, at=now))
-        return outcome(state, events, attempt=a,
-                       error=summary_too_large_error(a.attempt_id, tokens_after, a.input_limit))
-    events.append(CompactionCommitted(attempt_id=a.attempt_id, reason=a.reason, basis=a.basis,
-                                      new_revision=s.revision + 1, tokens_before=a.tokens_before,
-                                      tokens_after=tokens_after, duration_ms=duration, at=now))
+        events.append(
+            CompactionRejected(
+                attempt_id=a.attempt_id,
+                reason=a.reason,
+                basis=a.basis,
+                reject_reason="summary_too_large",
+                duration_ms=duration,
+                at=now,
+            )
+        )
+        return outcome(
+            state, events, attempt=a, error=summary_too_large_error(a.attempt_id, tokens_after, a.input_limit)
+        )
+    events.append(
+        CompactionCommitted(
+            attempt_id=a.attempt_id,
+            reason=a.reason,
+            basis=a.basis,
+            new_revision=s.revision + 1,
+            tokens_before=a.tokens_before,
+            tokens_after=tokens_after,
+            duration_ms=duration,
+            at=now,
+        )
+    )
     # Any other attempt open on the old history can no longer apply: it is superseded.
     for other in s.open_attempts:
         if other.attempt_id != a.attempt_id:
-            events.append(CompactionRejected(attempt_id=other.attempt_id, reason=other.reason, basis=other.basis,
-                                             reject_reason="superseded", duration_ms=_ms(now - other.opened_at), at=now))
+            events.append(
+                CompactionRejected(
+                    attempt_id=other.attempt_id,
+                    reason=other.reason,
+                    basis=other.basis,
+                    reject_reason="superseded",
+                    duration_ms=_ms(now - other.opened_at),
+                    at=now,
+                )
+            )
     return outcome(state, events, attempt=a)
 
 
@@ -401,18 +510,34 @@ def decide_reject(
     state: SessionState, *, attempt_id: Any, fencing_token: Any, reject_reason: Any, now: float
 ) -> Outcome:
     if not isinstance(reject_reason, str) or not reject_reason.strip() or len(reject_reason) > 200:
-        raise InvalidInput("reject_reason", f"must be a non-empty string of at most 200 characters, got {reject_reason!r}")
+        raise InvalidInput(
+            "reject_reason", f"must be a non-empty string of at most 200 characters, got {reject_reason!r}"
+        )
     _, events, held = _held(state, attempt_id, fencing_token, now)
     if isinstance(held, TrackerError):
         return outcome(state, events, error=held)
-    events.append(CompactionRejected(attempt_id=held.attempt_id, reason=held.reason, basis=held.basis,
-                                     reject_reason=reject_reason, duration_ms=_ms(now - held.opened_at), at=now))
+    events.append(
+        CompactionRejected(
+            attempt_id=held.attempt_id,
+            reason=held.reason,
+            basis=held.basis,
+            reject_reason=reject_reason,
+            duration_ms=_ms(now - held.opened_at),
+            at=now,
+        )
+    )
     return outcome(state, events, attempt=held)
 
 
-def _inputs(compaction_threshold: Any, scope: Any, scope_confidence: Any, overhead_tokens: Any) -> dict[str, Any] | None:
-    given = {"compaction_threshold": compaction_threshold, "scope": scope, "scope_confidence": scope_confidence,
-             "overhead_tokens": overhead_tokens}
+def _inputs(
+    compaction_threshold: Any, scope: Any, scope_confidence: Any, overhead_tokens: Any
+) -> dict[str, Any] | None:
+    given = {
+        "compaction_threshold": compaction_threshold,
+        "scope": scope,
+        "scope_confidence": scope_confidence,
+        "overhead_tokens": overhead_tokens,
+    }
     return {k: v for k, v in given.items() if v is not None} or None
 
 

@@ -29,7 +29,9 @@ class DomainEvent:
     @classmethod
     def from_data(cls, data: dict[str, Any]) -> DomainEvent:
         names = {f.name for f in fields(cls)}
-        missing = [f.name for f in fields(cls) if f.name not in data and f.default is MISSING and f.default_factory is MISSING]
+        missing = [
+            f.name for f in fields(cls) if f.name not in data and f.default is MISSING and f.default_factory is MISSING
+        ]
         if missing:
             raise InvalidInput(f"{cls.TYPE}.{missing[0]}", "missing from event data")
         return cls(**{k: v for k, v in data.items() if k in names})

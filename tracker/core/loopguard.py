@@ -135,7 +135,9 @@ def _normalise_entries(entries: Any) -> list[LoopGuardEntry]:
         elif isinstance(entry, Mapping):
             unknown = sorted(str(k) for k in entry if k not in _ENTRY_KEYS)
             if unknown:
-                raise InvalidInput(f"entries[{i}]", f"unknown key(s) {', '.join(unknown)}; allowed: kind, tokens, preview_tokens")
+                raise InvalidInput(
+                    f"entries[{i}]", f"unknown key(s) {', '.join(unknown)}; allowed: kind, tokens, preview_tokens"
+                )
             for key in ("kind", "tokens"):
                 if key not in entry:
                     raise InvalidInput(f"{prefix}{key}", "is required")

@@ -45,7 +45,8 @@ def check_session_id(session_id: Any) -> str:
         raise InvalidSessionId(f"must be a string, got {type(session_id).__name__}")
     if not _SESSION_ID.fullmatch(session_id):
         raise InvalidSessionId(
-            "must be 1-200 characters of [A-Za-z0-9._:-], got " + repr(session_id[:40] + ("…" if len(session_id) > 40 else ""))
+            "must be 1-200 characters of [A-Za-z0-9._:-], got "
+            + repr(session_id[:40] + ("…" if len(session_id) > 40 else ""))
         )
     return session_id
 
@@ -65,7 +66,9 @@ class Basis:
         if not is_int(self.revision) or self.revision < 1:
             raise InvalidInput("basis.revision", f"must be an integer >= 1, got {self.revision!r}")
         if not isinstance(self.through, str) or not self.through or len(self.through) > 200:
-            raise InvalidInput("basis.through", f"must be a non-empty string of at most 200 characters, got {self.through!r}")
+            raise InvalidInput(
+                "basis.through", f"must be a non-empty string of at most 200 characters, got {self.through!r}"
+            )
         if not self.through.isprintable():
             raise InvalidInput("basis.through", f"must be printable text (no control characters), got {self.through!r}")
 

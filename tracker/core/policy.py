@@ -45,7 +45,13 @@ class Policy:
 
         if not isinstance(self.automatic, bool):
             raise bad("automatic", "must be true or false")
-        for name in ("compact_at_bp", "rearm_below_bp", "reserved_output", "safety_margin", "max_automatic_per_episode"):
+        for name in (
+            "compact_at_bp",
+            "rearm_below_bp",
+            "reserved_output",
+            "safety_margin",
+            "max_automatic_per_episode",
+        ):
             if not is_int(getattr(self, name)):
                 raise bad(name, "must be an integer")
         if not 0 < self.compact_at_bp < FULL_SCALE_BP:
@@ -64,7 +70,9 @@ class Policy:
         if self.safety_margin < 0:
             raise bad("safety_margin", "must be >= 0")
         if self.counter_policy == "allow_conservative" and self.safety_margin <= 0:
-            raise bad("safety_margin", "must be > 0 when heuristic counts are allowed (counter_policy allow_conservative)")
+            raise bad(
+                "safety_margin", "must be > 0 when heuristic counts are allowed (counter_policy allow_conservative)"
+            )
         if not _positive_finite(self.count_timeout_s):
             raise bad("count_timeout_s", "must be a finite number > 0")
         if self.turn_delta is not None and not (_positive_finite(self.turn_delta) and self.turn_delta <= 1):

@@ -50,8 +50,9 @@ def succeeded(op: str, events: Sequence[DomainEvent]) -> bool:
     if op == "commit":
         return any(isinstance(e, CompactionCommitted) for e in events)
     if op == "reject":
-        return any(isinstance(e, CompactionRejected) and e.reject_reason not in ("lease_expired", "superseded")
-                   for e in events)
+        return any(
+            isinstance(e, CompactionRejected) and e.reject_reason not in ("lease_expired", "superseded") for e in events
+        )
     return True
 
 
@@ -64,7 +65,9 @@ def recorded_outcome(before: SessionState, events: Sequence[DomainEvent], op: st
     kinds = {e.TYPE for e in events} - {"SessionStarted"}
     lease_only = op != "observe" and all(
         isinstance(e, CompactionRejected) and e.reject_reason == "lease_expired"
-        for e in events if e.TYPE != "SessionStarted")
+        for e in events
+        if e.TYPE != "SessionStarted"
+    )
     if not lease_only and not (kinds & OP_EVENTS.get(op, frozenset(kinds))):
         raise InvalidInput("idempotency_key", f"was used for a different kind of call than {op}")
     decision: Decision | None = None

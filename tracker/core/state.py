@@ -52,8 +52,16 @@ class Attempt:
     @classmethod
     def from_started(cls, e: CompactionStarted) -> Attempt:
         return cls(
-            e.attempt_id, e.reason, e.trigger, e.basis, e.fencing_token, e.opened_at,
-            e.lease_expires_at, e.tokens_before, e.input_limit, e.history_budget,
+            e.attempt_id,
+            e.reason,
+            e.trigger,
+            e.basis,
+            e.fencing_token,
+            e.opened_at,
+            e.lease_expires_at,
+            e.tokens_before,
+            e.input_limit,
+            e.history_budget,
         )
 
 
@@ -180,8 +188,13 @@ def apply(state: SessionState, event: DomainEvent) -> SessionState:
             pressure=event.pressure,
             episode_automatic=episode_after(event.pressure, s.episode_automatic),
             last=LastMeasurement(
-                basis=m["basis"], revision=revision, input_tokens=m["input_tokens"], input_limit=m["input_limit"],
-                occupancy_bp=event.occupancy_bp, action=event.action, at=event.at,
+                basis=m["basis"],
+                revision=revision,
+                input_tokens=m["input_tokens"],
+                input_limit=m["input_limit"],
+                occupancy_bp=event.occupancy_bp,
+                action=event.action,
+                at=event.at,
             ),
         )
     if isinstance(event, CompactionStarted):

@@ -63,7 +63,9 @@ def resolve_threshold(
             raise InvalidInput("compaction_threshold", f"must be in (0, 1], got {compaction_threshold!r}")
         explicit_bp = math.floor(exact(t) * FULL_SCALE_BP)
         if explicit_bp < 1:
-            raise InvalidInput("compaction_threshold", f"is below one basis point (0.0001), got {compaction_threshold!r}")
+            raise InvalidInput(
+                "compaction_threshold", f"is below one basis point (0.0001), got {compaction_threshold!r}"
+            )
     classifier_bp: int | None = None
     if scope is not None:
         if not isinstance(scope, str) or scope not in SCOPE_THRESHOLDS_BP:

@@ -57,4 +57,3 @@ __all__ = [
     "load_encoding",
     "remaining_time",
 ]
-

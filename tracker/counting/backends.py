@@ -165,7 +165,9 @@ def run_counter(registry: ModelRegistry, request: CanonicalRequest, spec: ModelS
         ) from None
 
 
-def run_count_task(request_data: Any, model: str, *, timeout_s: float | None, registry: ModelRegistry) -> dict[str, Any]:
+def run_count_task(
+    request_data: Any, model: str, *, timeout_s: float | None, registry: ModelRegistry
+) -> dict[str, Any]:
     """The body of the Celery ``count`` task (``workers.tasks``), counting with the worker's ``registry``.
 
     Never raises a CountError: failures travel as data.
@@ -286,8 +288,16 @@ class DaemonPool:
                     self._idle += 1
 
 
-def run_before_deadline(pool: DaemonPool, fn: Callable[[], Any], deadline: float, spec: ModelSpec, timeout_s: float, *,
-                        saturated: str, late: str) -> Any:
+def run_before_deadline(
+    pool: DaemonPool,
+    fn: Callable[[], Any],
+    deadline: float,
+    spec: ModelSpec,
+    timeout_s: float,
+    *,
+    saturated: str,
+    late: str,
+) -> Any:
     """Run ``fn`` on a daemon thread of ``pool``; its result or error, or ``CountTimeout`` at ``deadline``.
 
     The caller is never held past the deadline: a hung ``fn`` is abandoned to its thread.
@@ -334,7 +344,11 @@ class InProcessCounting(MeasuringBackend):
     def _count(self, request: CanonicalRequest, spec: ModelSpec, timeout_s: float) -> Any:
         deadline = time.monotonic() + timeout_s
         return run_before_deadline(
-            self._pool, lambda: run_counter(self.registry, request, spec, deadline), deadline, spec, timeout_s,
+            self._pool,
+            lambda: run_counter(self.registry, request, spec, deadline),
+            deadline,
+            spec,
+            timeout_s,
             saturated=f"{self.max_inflight} counts already in flight (hung counters?)",
             late=f"counter {spec.counter!r} gave no count within {timeout_s:g}s",
         )

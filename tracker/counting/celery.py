@@ -132,7 +132,10 @@ class CeleryCounting(MeasuringBackend):
     def _count(self, request: CanonicalRequest, spec: ModelSpec, timeout_s: float) -> Any:
         deadline = time.monotonic() + timeout_s + self.slack_s
         return run_before_deadline(
-            self._pool, lambda: self._send_and_wait(request, spec, timeout_s, deadline - 0.03), deadline, spec,
+            self._pool,
+            lambda: self._send_and_wait(request, spec, timeout_s, deadline - 0.03),
+            deadline,
+            spec,
             timeout_s,
             saturated=f"{self.max_inflight} counts already waiting on Celery",
             late=f"no count from Celery within {timeout_s:g}s (+{self.slack_s:g}s slack)",

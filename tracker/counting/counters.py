@@ -76,7 +76,13 @@ ENCODINGS: dict[str, EncodingSource] = {
         name="cl100k_base",
         sha256="223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7",
         pat_str=r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]|\s+(?!\S)|\s""",
-        special_tokens={ENDOFTEXT: 100257, FIM_PREFIX: 100258, FIM_MIDDLE: 100259, FIM_SUFFIX: 100260, ENDOFPROMPT: 100276},
+        special_tokens={
+            ENDOFTEXT: 100257,
+            FIM_PREFIX: 100258,
+            FIM_MIDDLE: 100259,
+            FIM_SUFFIX: 100260,
+            ENDOFPROMPT: 100276,
+        },
     ),
     "o200k_base": EncodingSource(
         name="o200k_base",
@@ -230,7 +236,9 @@ def chat_tokens(
 
 def _image_costs(model: ModelSpec) -> tuple[int, int]:
     opts = model.options
-    return int(opts.get("image_base_tokens", DEFAULT_IMAGE_BASE)), int(opts.get("image_tile_tokens", DEFAULT_IMAGE_TILE))
+    return int(opts.get("image_base_tokens", DEFAULT_IMAGE_BASE)), int(
+        opts.get("image_tile_tokens", DEFAULT_IMAGE_TILE)
+    )
 
 
 # -- exact local -----------------------------------------------------------------------------
@@ -360,7 +368,9 @@ def heuristic_text_tokens(text: str) -> int:
     total += sum(1 + len(r) // 16 for run in _SPACE_RUNS.findall(text) for r in _SPACE_SUBRUNS.findall(run))
     total += len(_LONE_SPACE.findall(text))
     # a newline right after punctuation joins it (the split patterns' "[\r\n]*" tail)
-    total += sum(-(-(len(n) - 1) // 2) if n[0] == "\n" else -(-len(n) // 2) for n in _NEWLINES_AFTER_PUNCT.findall(text))
+    total += sum(
+        -(-(len(n) - 1) // 2) if n[0] == "\n" else -(-len(n) // 2) for n in _NEWLINES_AFTER_PUNCT.findall(text)
+    )
     total += sum(-(-len(n) // 2) for n in _NEWLINES_ALONE.findall(text))
     total += sum(len(p) - len(p) // 3 for p in _PUNCT_RUNS.findall(text))
     total += len(_CONTROL.findall(text))

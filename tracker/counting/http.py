@@ -145,7 +145,9 @@ class HttpCounter:
         elapsed_ms = int((time.monotonic() - started) * 1000)
         return self._interpret(resp, request, model, elapsed_ms)
 
-    def _interpret(self, resp: httpx.Response, request: CanonicalRequest, model: ModelSpec, elapsed_ms: int) -> CountResult:
+    def _interpret(
+        self, resp: httpx.Response, request: CanonicalRequest, model: ModelSpec, elapsed_ms: int
+    ) -> CountResult:
         status = resp.status_code
         where = f"{model.name}: {self.name} answered HTTP {status}"
         if status == 429:
@@ -156,13 +158,17 @@ class HttpCounter:
         if status >= 500:
             raise CountTimeout(f"{where}: {_snippet(resp)}", model=model.name, cause="provider_error", status=status)
         if status in (401, 403):
-            raise InvalidCountModel(f"{where} (authentication): {_snippet(resp)}", model=model.name, cause="auth", status=status)
+            raise InvalidCountModel(
+                f"{where} (authentication): {_snippet(resp)}", model=model.name, cause="auth", status=status
+            )
         if not 200 <= status < 300:
             raise InvalidCountModel(f"{where}: {_snippet(resp)}", model=model.name, cause="rejected", status=status)
         try:
             data = resp.json()
         except ValueError:
-            raise MalformedMeasurement(f"{where} with a body that is not JSON: {_snippet(resp)}", field="response") from None
+            raise MalformedMeasurement(
+                f"{where} with a body that is not JSON: {_snippet(resp)}", field="response"
+            ) from None
         if not isinstance(data, dict):
             raise MalformedMeasurement(f"{where} with JSON that is not an object", field="response")
         if "input_tokens" not in data:
@@ -240,7 +246,11 @@ class AnthropicHttpCounter(HttpCounter):
             body["system"] = system
         if request.tools:
             body["tools"] = [
-                {"name": t.name, "description": t.description, "input_schema": _plain(t.parameters) or {"type": "object"}}
+                {
+                    "name": t.name,
+                    "description": t.description,
+                    "input_schema": _plain(t.parameters) or {"type": "object"},
+                }
                 for t in request.tools
             ]
         return body
@@ -320,7 +330,9 @@ class OpenAIHttpCounter(HttpCounter):
                 content.append(self._image(part, model))
             elif isinstance(part, ToolCallPart):
                 flush()
-                items.append({"type": "function_call", "call_id": part.id, "name": part.name, "arguments": part.arguments_text()})
+                items.append(
+                    {"type": "function_call", "call_id": part.id, "name": part.name, "arguments": part.arguments_text()}
+                )
             elif isinstance(part, ToolResultPart):
                 flush()
                 if all(isinstance(p, TextPart) for p in part.content):

@@ -63,7 +63,17 @@ PROVIDER_HTTP_COUNTERS: dict[str, tuple[str, str]] = {
     "openai": ("openai_http", "openai_api_key"),
 }
 ENCODING_NAMES = ("o200k_base", "cl100k_base")
-_FIELDS = ("provider", "window", "max_output_tokens", "max_input_tokens", "counter", "encoding", "api_model", "aliases", "options")
+_FIELDS = (
+    "provider",
+    "window",
+    "max_output_tokens",
+    "max_input_tokens",
+    "counter",
+    "encoding",
+    "api_model",
+    "aliases",
+    "options",
+)
 
 
 # -- counter names ---------------------------------------------------------------------------
@@ -260,7 +270,11 @@ class ModelRegistry:
                         entry["counter"] = counter
                 raw[name] = entry
         if overrides is not None:
-            extra = load_models_file(overrides) if isinstance(overrides, (str, os.PathLike)) else _entries(overrides, "models")
+            extra = (
+                load_models_file(overrides)
+                if isinstance(overrides, (str, os.PathLike))
+                else _entries(overrides, "models")
+            )
             for name, entry in extra.items():
                 if entry is None:
                     raw.pop(name, None)

@@ -337,7 +337,9 @@ def _parse_part(p: Any, field: str, role: str) -> Part:
                 )
             return _tool_call(p.get("id"), p.get("name"), p.get("arguments", {}), field, "arguments", parse=False)
         # OpenAI responses item: arguments is a JSON string
-        return _tool_call(p.get("call_id", p.get("id")), p.get("name"), p.get("arguments", "{}"), field, "arguments", parse=True)
+        return _tool_call(
+            p.get("call_id", p.get("id")), p.get("name"), p.get("arguments", "{}"), field, "arguments", parse=True
+        )
     if kind in ("tool_result", "function_call_output"):
         call_id = p.get("tool_use_id", p.get("tool_call_id", p.get("call_id")))
         call_id = _str(call_id, field + ".tool_use_id", allow_empty=False)
@@ -377,7 +379,9 @@ def _parse_image(p: Mapping[str, Any], field: str) -> ImagePart:
     if "source" in p and p["source"] is not None:
         src = p["source"]
         if not isinstance(src, Mapping) or src.get("type") not in ("base64", "url"):
-            raise InvalidInput(field + ".source", "must be {'type': 'base64', 'media_type', 'data'} or {'type': 'url', 'url'}")
+            raise InvalidInput(
+                field + ".source", "must be {'type': 'base64', 'media_type', 'data'} or {'type': 'url', 'url'}"
+            )
         if src["type"] == "base64":
             source = {
                 "type": "base64",
@@ -412,7 +416,9 @@ def _parse_openai_tool_call(call: Any, field: str) -> ToolCallPart:
     fn = call.get("function")
     if not isinstance(fn, Mapping):
         raise InvalidInput(field + ".function", "must be an object with 'name' and 'arguments'")
-    return _tool_call(call.get("id"), fn.get("name"), fn.get("arguments", "{}"), field, "function.arguments", parse=True)
+    return _tool_call(
+        call.get("id"), fn.get("name"), fn.get("arguments", "{}"), field, "function.arguments", parse=True
+    )
 
 
 def _tool_call(call_id: Any, name: Any, args: Any, field: str, args_field: str, parse: bool) -> ToolCallPart:

@@ -47,11 +47,16 @@ def plan_fleet(run_id: str, workers: int, sessions_per_worker: int, steps: int) 
     n = 0
     for w in range(workers):
         for _ in range(sessions_per_worker):
-            plans[w].append(Plan(
-                session_id=f"demo-{run_id}-{n + 1}", seed=n * 7919 + 17, steps=steps,
-                broken_compactor=(n == 1), manual_at=(steps // 3 if n == 2 else None),
-                slow_every=(11 if n % 3 == 0 else 0),
-            ))
+            plans[w].append(
+                Plan(
+                    session_id=f"demo-{run_id}-{n + 1}",
+                    seed=n * 7919 + 17,
+                    steps=steps,
+                    broken_compactor=(n == 1),
+                    manual_at=(steps // 3 if n == 2 else None),
+                    slow_every=(11 if n % 3 == 0 else 0),
+                )
+            )
             n += 1
     return plans
 
@@ -95,8 +100,9 @@ def _compact(tracker: Any, agent: Any, plan: Plan, attempt: Any, revision: int) 
     before = list(agent.messages)
     agent.compact()
     try:
-        after = tracker.counting.measure(agent.request(), model=MODEL, basis=Basis(revision, agent.through),
-                                         policy=tracker.policy).input_tokens
+        after = tracker.counting.measure(
+            agent.request(), model=MODEL, basis=Basis(revision, agent.through), policy=tracker.policy
+        ).input_tokens
     except CountError:
         agent.messages = before  # the compaction is not applied: its size is unknown
         tracker.reject(plan.session_id, attempt.attempt_id, attempt.fencing_token, "count_failed")
@@ -121,8 +127,14 @@ def demo_settings(settings: Settings | None = None) -> Settings:
     return s.model_copy(update={"counting": s.counting.model_copy(update={"models_file": str(DEMO_MODELS)})})
 
 
-def run_demo(workers: int = 3, sessions_per_worker: int = 2, steps: int = 40, console: Any = None, *,
-             settings: Settings | None = None) -> dict[str, Any]:
+def run_demo(
+    workers: int = 3,
+    sessions_per_worker: int = 2,
+    steps: int = 40,
+    console: Any = None,
+    *,
+    settings: Settings | None = None,
+) -> dict[str, Any]:
     """Run the fleet (``workers`` processes × ``sessions_per_worker`` sessions × ``steps``) and summarize
     it from the record. ``settings``: default ``Settings.load()``; the worker processes get the same."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -130,7 +142,7 @@ def run_demo(workers: int = 3, sessions_per_worker: int = 2, steps: int = 40, co
     settings = demo_settings(settings)
     url = settings.store.database_url
     if url.startswith("sqlite:///"):
-        Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+        Path(url[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
     revision = upgrade(url)  # the demo sets up its own schema; production runs `tracker db upgrade`
     run_id = uuid.uuid4().hex[:6]
     plans = plan_fleet(run_id, workers, sessions_per_worker, steps)
@@ -141,8 +153,15 @@ def run_demo(workers: int = 3, sessions_per_worker: int = 2, steps: int = 40, co
     started = time.monotonic()
     with ctx.Pool(workers) as pool:
         results = [pool.apply_async(_worker, (ps, settings, queue)) for ps in plans]
-        with Progress(TextColumn("[bold]fleet[/]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=console, transient=False, disable=console is None) as bar:
+        with Progress(
+            TextColumn("[bold]fleet[/]"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=False,
+            disable=console is None,
+        ) as bar:
             task = bar.add_task("steps", total=total)
             done = 0
             while done < total:
@@ -160,9 +179,14 @@ def run_demo(workers: int = 3, sessions_per_worker: int = 2, steps: int = 40, co
         outcomes = {o["session_id"]: o["outcome"] for r in results for o in r.get()}
     elapsed = time.monotonic() - started
     manager.shutdown()
-    return {"run_id": run_id, "database_url": url, "schema_revision": revision,
-            "elapsed_s": round(elapsed, 1), "sessions": _summaries(settings, outcomes),
-            "distributed": {"redis": bool(settings.coordination.redis_url), "broker": bool(settings.counting.broker_url)}}
+    return {
+        "run_id": run_id,
+        "database_url": url,
+        "schema_revision": revision,
+        "elapsed_s": round(elapsed, 1),
+        "sessions": _summaries(settings, outcomes),
+        "distributed": {"redis": bool(settings.coordination.redis_url), "broker": bool(settings.counting.broker_url)},
+    }
 
 
 def _summaries(settings: Settings, outcomes: dict[str, str]) -> list[dict[str, Any]]:
@@ -174,14 +198,22 @@ def _summaries(settings: Settings, outcomes: dict[str, str]) -> list[dict[str, A
             st = session_state(store, sid)
             c = st.counts
             committed = c.get("CompactionCommitted", 0)
-            rows.append({
-                "session_id": sid, "events": st.version, "measurements": c.get("ContextMeasured", 0),
-                "revision": st.revision, "compactions_committed": committed,
-                "compactions_rejected": c.get("CompactionRejected", 0), "count_failures": c.get("CountFailed", 0),
-                "context_limit_errors": c.get("ContextLimitReached", 0), "pressure": st.pressure,
-                "tokens_now": st.last.input_tokens if st.last else None,
-                "input_limit": st.last.input_limit if st.last else None, "outcome": outcome,
-            })
+            rows.append(
+                {
+                    "session_id": sid,
+                    "events": st.version,
+                    "measurements": c.get("ContextMeasured", 0),
+                    "revision": st.revision,
+                    "compactions_committed": committed,
+                    "compactions_rejected": c.get("CompactionRejected", 0),
+                    "count_failures": c.get("CountFailed", 0),
+                    "context_limit_errors": c.get("ContextLimitReached", 0),
+                    "pressure": st.pressure,
+                    "tokens_now": st.last.input_tokens if st.last else None,
+                    "input_limit": st.last.input_limit if st.last else None,
+                    "outcome": outcome,
+                }
+            )
         return rows
     finally:
         store.close()

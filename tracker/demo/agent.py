@@ -19,12 +19,21 @@ SYSTEM = (
 )
 
 TOOLS = [
-    {"name": "read_file", "description": "Read a file from the repository.",
-     "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}},
-    {"name": "run_tests", "description": "Run the test suite, optionally filtered.",
-     "input_schema": {"type": "object", "properties": {"filter": {"type": "string"}}}},
-    {"name": "search", "description": "Search the code base with a regular expression.",
-     "input_schema": {"type": "object", "properties": {"pattern": {"type": "string"}}, "required": ["pattern"]}},
+    {
+        "name": "read_file",
+        "description": "Read a file from the repository.",
+        "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
+    },
+    {
+        "name": "run_tests",
+        "description": "Run the test suite, optionally filtered.",
+        "input_schema": {"type": "object", "properties": {"filter": {"type": "string"}}},
+    },
+    {
+        "name": "search",
+        "description": "Search the code base with a regular expression.",
+        "input_schema": {"type": "object", "properties": {"pattern": {"type": "string"}}, "required": ["pattern"]},
+    },
 ]
 
 TASKS = [
@@ -37,8 +46,33 @@ TASKS = [
 ]
 
 _WORDS = [
-    "tenant", "invoice", "export", "batch", "retry", "cursor", "offset", "window", "session", "cache", "token", "handler", "queue", "worker",
-    "schema", "column", "index", "query", "filter", "request", "response", "timeout", "budget", "limit", "metric", "span", "trace",
+    "tenant",
+    "invoice",
+    "export",
+    "batch",
+    "retry",
+    "cursor",
+    "offset",
+    "window",
+    "session",
+    "cache",
+    "token",
+    "handler",
+    "queue",
+    "worker",
+    "schema",
+    "column",
+    "index",
+    "query",
+    "filter",
+    "request",
+    "response",
+    "timeout",
+    "budget",
+    "limit",
+    "metric",
+    "span",
+    "trace",
 ]
 
 
@@ -52,7 +86,7 @@ def _code(rng: random.Random, lines: int) -> str:
         elif kind < 0.3:
             out.append(f"    if {w1}.{w2} is None or len({w3}) > {rng.randint(2, 5000)}:")
         elif kind < 0.45:
-            out.append(f"        raise {w1.title()}Error(f\"{w2} {{{w3}!r}} exceeded the {w1} limit\")")
+            out.append(f'        raise {w1.title()}Error(f"{w2} {{{w3}!r}} exceeded the {w1} limit")')
         elif kind < 0.6:
             out.append(f"    {w1}_{w2} = await self._{w3}.fetch({w1}={w2}, limit={rng.randint(10, 1000)})")
         elif kind < 0.75:
@@ -73,12 +107,20 @@ def _log(rng: random.Random, lines: int) -> str:
 
 
 def _json_rows(rng: random.Random, rows: int) -> str:
-    return json.dumps([
-        {"id": rng.randint(1, 10**6), "tenant": f"t-{rng.randint(1, 900)}", "status": rng.choice(["ok", "failed", "retry"]),
-         "amount": round(rng.uniform(0, 5000), 2), "currency": rng.choice(["EUR", "USD", "GBP"]),
-         "note": " ".join(rng.choice(_WORDS) for _ in range(rng.randint(3, 12)))}
-        for _ in range(rows)
-    ], indent=1)
+    return json.dumps(
+        [
+            {
+                "id": rng.randint(1, 10**6),
+                "tenant": f"t-{rng.randint(1, 900)}",
+                "status": rng.choice(["ok", "failed", "retry"]),
+                "amount": round(rng.uniform(0, 5000), 2),
+                "currency": rng.choice(["EUR", "USD", "GBP"]),
+                "note": " ".join(rng.choice(_WORDS) for _ in range(rng.randint(3, 12))),
+            }
+            for _ in range(rows)
+        ],
+        indent=1,
+    )
 
 
 def tool_output(rng: random.Random, size: int) -> tuple[str, dict[str, Any], str]:
@@ -117,17 +159,26 @@ class Agent:
         self.step_no += 1
         name, args, output = tool_output(self.rng, max(5, int(self.rng.expovariate(1 / self.output_scale))))
         call_id = f"call_{self.step_no}"
-        self.messages.append({"role": "assistant", "content": [
-            {"type": "text", "text": f"Step {self.step_no}: let me look at {json.dumps(args)}."},
-            {"type": "tool_call", "id": call_id, "name": name, "arguments": args},
-        ]})
-        self.messages.append({"role": "tool", "content": [{"type": "tool_result", "tool_call_id": call_id, "content": output}]})
+        self.messages.append(
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "text", "text": f"Step {self.step_no}: let me look at {json.dumps(args)}."},
+                    {"type": "tool_call", "id": call_id, "name": name, "arguments": args},
+                ],
+            }
+        )
+        self.messages.append(
+            {"role": "tool", "content": [{"type": "tool_result", "tool_call_id": call_id, "content": output}]}
+        )
 
     def compact(self, keep_last: int = 4) -> None:
         """Replace all but the task and the last turns with a short summary (what a compactor would do)."""
         head, tail = self.messages[:1], self.messages[-keep_last:]
         dropped = len(self.messages) - len(head) - len(tail)
-        summary = (f"Summary of {dropped} earlier messages: inspected "
-                   + ", ".join(sorted({self.rng.choice(_WORDS) for _ in range(12)}))
-                   + ". Findings so far: the timeout budget is exceeded in the batch path; a fix is in progress.")
+        summary = (
+            f"Summary of {dropped} earlier messages: inspected "
+            + ", ".join(sorted({self.rng.choice(_WORDS) for _ in range(12)}))
+            + ". Findings so far: the timeout budget is exceeded in the batch path; a fix is in progress."
+        )
         self.messages = head + [{"role": "user", "content": summary}] + tail

@@ -73,8 +73,15 @@ def create_app(runtime: Runtime | None = None, settings: Settings | None = None)
     return app
 
 
-def serve(host: str = "127.0.0.1", port: int = 8080, workers: int = 1, settings: Settings | None = None, *,
-          log_level: str = "info", access_log: bool = True) -> None:
+def serve(
+    host: str = "127.0.0.1",
+    port: int = 8080,
+    workers: int = 1,
+    settings: Settings | None = None,
+    *,
+    log_level: str = "info",
+    access_log: bool = True,
+) -> None:
     """Run the API on uvicorn; with ``workers > 1``, that many processes (metrics aggregated).
 
     One process serves an app built on ``settings`` (default ``Settings.load()``). Worker
@@ -83,7 +90,9 @@ def serve(host: str = "127.0.0.1", port: int = 8080, workers: int = 1, settings:
     """
     import uvicorn
 
-    common: dict[str, Any] = dict(host=host, port=port, log_level=log_level, access_log=access_log, timeout_graceful_shutdown=5)
+    common: dict[str, Any] = dict(
+        host=host, port=port, log_level=log_level, access_log=access_log, timeout_graceful_shutdown=5
+    )
     if workers <= 1:
         uvicorn.run(create_app(settings=settings), **common)
         return

@@ -76,8 +76,13 @@ ERROR_STATUS: dict[type[TrackerError], int] = {
 }
 
 #: Refusals that are decisions: recorded in the session's log before the answer (SPEC §6, §7).
-_RECORDED: tuple[type[TrackerError], ...] = (ContextLimitError, StaleBasis, SummaryTooLarge, CountError,
-                                             *COUNT_ERRORS.values())
+_RECORDED: tuple[type[TrackerError], ...] = (
+    ContextLimitError,
+    StaleBasis,
+    SummaryTooLarge,
+    CountError,
+    *COUNT_ERRORS.values(),
+)
 RECORDED_REFUSALS: frozenset[str] = frozenset(cls.code for cls in _RECORDED)
 
 
@@ -151,8 +156,9 @@ def _strip(value: Any, prefix: str) -> Any:
     return value
 
 
-def error_response(exc: TrackerError, *, prefix: str | None = None, metrics: Any = None,
-                   headers: dict[str, str] | None = None) -> JSONResponse:
+def error_response(
+    exc: TrackerError, *, prefix: str | None = None, metrics: Any = None, headers: dict[str, str] | None = None
+) -> JSONResponse:
     """The JSON response for ``exc`` (counted in ``metrics.errors``; 401 says ``WWW-Authenticate: Bearer``)."""
     status, body = error_body(exc, prefix)
     if metrics is not None:
@@ -185,8 +191,13 @@ async def on_validation_error(request: Request, exc: RequestValidationError) -> 
         where = loc[1:] if loc and loc[0] in ("body", "path", "query", "header", "cookie") else loc
         if err.get("type") == "json_invalid":
             where = []  # loc is ("body", <offset>): the body as a whole
-        errors.append({"field": ".".join(where) or (loc[0] if loc else "body"), "problem": str(err.get("msg", "")),
-                       "type": str(err.get("type", ""))})
+        errors.append(
+            {
+                "field": ".".join(where) or (loc[0] if loc else "body"),
+                "problem": str(err.get("msg", "")),
+                "type": str(err.get("type", "")),
+            }
+        )
     first = errors[0] if errors else {"field": "body", "problem": "invalid"}
     error: TrackerError
     if first["field"] == "session_id":
@@ -214,8 +225,9 @@ async def on_http_error(request: Request, exc: StarletteHTTPException) -> JSONRe
 async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
     log.exception("unexpected error on %s %s", request.method, request.url.path)
     request.app.state.runtime.metrics.errors.labels("internal_error").inc()
-    return JSONResponse({"code": "internal_error", "error": type(exc).__name__, "message": "internal error"},
-                        status_code=500)
+    return JSONResponse(
+        {"code": "internal_error", "error": type(exc).__name__, "message": "internal error"}, status_code=500
+    )
 
 
 EXCEPTION_HANDLERS: dict[Any, Any] = {

@@ -78,8 +78,9 @@ class BodyLimitMiddleware:
                 return
             read += len(message.get("body", b""))
             more = message.get("more_body", False)
-        exc = PayloadTooLarge("body", f"the request body exceeds the limit of {self.max_bytes} bytes",
-                              size=size, limit=self.max_bytes)
+        exc = PayloadTooLarge(
+            "body", f"the request body exceeds the limit of {self.max_bytes} bytes", size=size, limit=self.max_bytes
+        )
         response = error_response(exc, metrics=self.metrics, headers={"Connection": "close"})
         await response({"type": "http"}, receive, send)
 

@@ -70,8 +70,13 @@ async def authenticate(request: Request, creds: HTTPAuthorizationCredentials | N
 
 RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
 CallerDep = Annotated[Caller, Depends(authenticate)]
-SessionPath = Path(..., min_length=1, max_length=MAX_SESSION_ID, pattern=SESSION_ID_PATTERN,
-                   description=f"1-{MAX_SESSION_ID} characters of [A-Za-z0-9._:-]")
+SessionPath = Path(
+    ...,
+    min_length=1,
+    max_length=MAX_SESSION_ID,
+    pattern=SESSION_ID_PATTERN,
+    description=f"1-{MAX_SESSION_ID} characters of [A-Za-z0-9._:-]",
+)
 AttemptPath = Path(..., min_length=1, max_length=200)
 
 
@@ -92,17 +97,26 @@ async def healthz() -> dict[str, Any]:
     return {"status": "ok"}
 
 
-@probes.get("/readyz", responses={
-    200: {"description": "ready: every check is ok"},
-    503: {"description": "not ready; `checks` says why", "content": {"application/json": {}}}})
+@probes.get(
+    "/readyz",
+    responses={
+        200: {"description": "ready: every check is ok"},
+        503: {"description": "not ready; `checks` says why", "content": {"application/json": {}}},
+    },
+)
 def readyz(runtime: RuntimeDep) -> JSONResponse:
     """The database is reachable and its schema current; Redis answers, if configured."""
     ready, checks = runtime.readiness()
-    return JSONResponse({"status": "ready" if ready else "not_ready", "checks": checks}, status_code=200 if ready else 503)
+    return JSONResponse(
+        {"status": "ready" if ready else "not_ready", "checks": checks}, status_code=200 if ready else 503
+    )
 
 
-@probes.get("/metrics", response_class=Response,
-            responses={200: {"description": "Prometheus text exposition format", "content": {"text/plain": {}}}})
+@probes.get(
+    "/metrics",
+    response_class=Response,
+    responses={200: {"description": "Prometheus text exposition format", "content": {"text/plain": {}}}},
+)
 async def metrics_endpoint(runtime: RuntimeDep) -> Response:
     """Prometheus metrics (text exposition format)."""
     data, content_type = runtime.metrics.render()
@@ -119,9 +133,13 @@ def observe(body: ObserveIn, caller: CallerDep, runtime: RuntimeDep, session_id:
     """Record a measurement (or count ``request`` for ``model`` over ``basis``) and decide:
     ``proceed``, ``compact`` (an attempt is opened for you), ``wait``; ``context_limit`` is a 409."""
     sid = caller.internal(session_id)
-    common = dict(compaction_threshold=body.compaction_threshold, scope=body.scope,
-                  scope_confidence=body.scope_confidence, overhead_tokens=body.overhead_tokens,
-                  idempotency_key=body.idempotency_key)
+    common = dict(
+        compaction_threshold=body.compaction_threshold,
+        scope=body.scope,
+        scope_confidence=body.scope_confidence,
+        overhead_tokens=body.overhead_tokens,
+        idempotency_key=body.idempotency_key,
+    )
     if body.measurement is not None and body.request is None:
         if body.model is not None or body.basis is not None:
             raise InvalidInput("measurement", "model and basis belong inside the measurement when one is given")
@@ -145,14 +163,23 @@ def session_state(caller: CallerDep, runtime: RuntimeDep, session_id: str = Sess
 
 
 @sessions.get("/{session_id}/history", response_model=HistoryOut, responses=responses(404))
-def session_history(caller: CallerDep, runtime: RuntimeDep, session_id: str = SessionPath,
-                    from_version: int = Query(1, ge=1, le=MAX_VERSION),
-                    limit: int = Query(100, ge=1, le=1000)) -> dict[str, Any]:
+def session_history(
+    caller: CallerDep,
+    runtime: RuntimeDep,
+    session_id: str = SessionPath,
+    from_version: int = Query(1, ge=1, le=MAX_VERSION),
+    limit: int = Query(100, ge=1, le=1000),
+) -> dict[str, Any]:
     """The session's events from ``from_version``, at most ``limit``; page with ``next_from_version``."""
-    page = queries.history_page(runtime.store(), caller.internal(session_id), from_version, limit,
-                                external=caller.external)
-    return {"session_id": session_id, "events": page.events, "next_from_version": page.resume,
-            "has_more": page.has_more}
+    page = queries.history_page(
+        runtime.store(), caller.internal(session_id), from_version, limit, external=caller.external
+    )
+    return {
+        "session_id": session_id,
+        "events": page.events,
+        "next_from_version": page.resume,
+        "has_more": page.has_more,
+    }
 
 
 # -- compactions --------------------------------------------------------------------------------
@@ -161,39 +188,61 @@ compactions = APIRouter(prefix=f"{API_PREFIX}/sessions/{{session_id}}/compaction
 
 
 @compactions.post("", response_model=AttemptOut, status_code=201, responses=responses(409))
-def request_compaction(caller: CallerDep, runtime: RuntimeDep, body: ManualIn | None = None,
-                       session_id: str = SessionPath) -> dict[str, Any]:
+def request_compaction(
+    caller: CallerDep, runtime: RuntimeDep, body: ManualIn | None = None, session_id: str = SessionPath
+) -> dict[str, Any]:
     """Open a manual compaction attempt (regardless of pressure; at most one manual attempt open)."""
     body = body or ManualIn()
-    attempt = runtime.commands().request_compaction(caller.internal(session_id), basis=body.basis,
-                                                    overhead_tokens=body.overhead_tokens,
-                                                    idempotency_key=body.idempotency_key)
+    attempt = runtime.commands().request_compaction(
+        caller.internal(session_id),
+        basis=body.basis,
+        overhead_tokens=body.overhead_tokens,
+        idempotency_key=body.idempotency_key,
+    )
     return attempt.to_data()
 
 
 @compactions.post("/{attempt_id}/commit", response_model=SessionStateOut, responses=responses(404, 409))
-def commit(body: CommitIn, caller: CallerDep, runtime: RuntimeDep, session_id: str = SessionPath,
-           attempt_id: str = AttemptPath) -> dict[str, Any]:
+def commit(
+    body: CommitIn, caller: CallerDep, runtime: RuntimeDep, session_id: str = SessionPath, attempt_id: str = AttemptPath
+) -> dict[str, Any]:
     """Commit an open attempt you hold (``tokens_after`` = the counted size of the compacted context).
     ``tokens_after >= input_limit`` is recorded as a rejection and answered 409 ``summary_too_large``."""
-    state = runtime.commands().commit(caller.internal(session_id), attempt_id, body.fencing_token, body.tokens_after,
-                                      idempotency_key=body.idempotency_key)
+    state = runtime.commands().commit(
+        caller.internal(session_id),
+        attempt_id,
+        body.fencing_token,
+        body.tokens_after,
+        idempotency_key=body.idempotency_key,
+    )
     return _state_out(caller, state)
 
 
 @compactions.post("/{attempt_id}/reject", response_model=SessionStateOut, responses=responses(404, 409))
-def reject(body: RejectIn, caller: CallerDep, runtime: RuntimeDep, session_id: str = SessionPath,
-           attempt_id: str = AttemptPath) -> dict[str, Any]:
+def reject(
+    body: RejectIn, caller: CallerDep, runtime: RuntimeDep, session_id: str = SessionPath, attempt_id: str = AttemptPath
+) -> dict[str, Any]:
     """Reject an open attempt you hold (the compaction failed); its basis is exhausted."""
-    state = runtime.commands().reject(caller.internal(session_id), attempt_id, body.fencing_token, body.reject_reason,
-                                      idempotency_key=body.idempotency_key)
+    state = runtime.commands().reject(
+        caller.internal(session_id),
+        attempt_id,
+        body.fencing_token,
+        body.reject_reason,
+        idempotency_key=body.idempotency_key,
+    )
     return _state_out(caller, state)
 
 
 @compactions.get("/{attempt_id}/wait", response_model=WaitOut, responses=responses(404, 408))
-def wait(caller: CallerDep, runtime: RuntimeDep, session_id: str = SessionPath, attempt_id: str = AttemptPath,
-         timeout: float = Query(10.0, ge=0, le=WAIT_MAX_S, allow_inf_nan=False,
-                                description=f"seconds to wait, at most {WAIT_MAX_S:g}")) -> dict[str, Any]:
+def wait(
+    caller: CallerDep,
+    runtime: RuntimeDep,
+    session_id: str = SessionPath,
+    attempt_id: str = AttemptPath,
+    timeout: float = Query(
+        10.0, ge=0, le=WAIT_MAX_S, allow_inf_nan=False, description=f"seconds to wait, at most {WAIT_MAX_S:g}"
+    ),
+) -> dict[str, Any]:
     """Long-poll until the attempt ends (an attempt past its lease is recorded as ``lease_expired``).
     Still open after ``timeout`` seconds: 408 ``wait_timeout`` -- poll again."""
     outcome = runtime.commands().wait(caller.internal(session_id), attempt_id, timeout=timeout, poll_s=WAIT_POLL_S)
@@ -207,8 +256,12 @@ events = APIRouter(prefix=API_PREFIX, tags=["events"])
 
 
 @events.get("/events", response_model=FeedOut, responses=responses())
-def events_feed(caller: CallerDep, runtime: RuntimeDep, after: int = Query(0, ge=0, le=MAX_POSITION),
-                limit: int = Query(100, ge=1, le=1000)) -> dict[str, Any]:
+def events_feed(
+    caller: CallerDep,
+    runtime: RuntimeDep,
+    after: int = Query(0, ge=0, le=MAX_POSITION),
+    limit: int = Query(100, ge=1, le=1000),
+) -> dict[str, Any]:
     """This fleet's events in global commit order, after position ``after``. Resume with ``next_after``:
     a reader paging this way never misses an event that commits later with a lower position."""
     page = queries.feed_page(runtime.store(), after, limit, prefix=caller.prefix, external=caller.external)

@@ -47,9 +47,14 @@ class DomainMetrics:
         r = registry
         self.decisions = Counter("tracker_decisions_total", "Decisions by action", ["action"], registry=r)
         self.count_failures = Counter("tracker_count_failures_total", "Count failures by kind", ["kind"], registry=r)
-        self.attempts_started = Counter("tracker_attempts_started_total", "Compaction attempts opened", ["reason"], registry=r)
+        self.attempts_started = Counter(
+            "tracker_attempts_started_total", "Compaction attempts opened", ["reason"], registry=r
+        )
         self.attempt_outcomes = Counter(
-            "tracker_attempt_outcomes_total", "Compaction attempts ended through the API, by outcome", ["outcome"], registry=r
+            "tracker_attempt_outcomes_total",
+            "Compaction attempts ended through the API, by outcome",
+            ["outcome"],
+            registry=r,
         )
 
     def decided(self, result: Result) -> None:
@@ -87,9 +92,14 @@ class Metrics:
         r = self.registry
         self.domain = DomainMetrics(r)
         self.errors = Counter("tracker_http_errors_total", "Error responses by code", ["code"], registry=r)
-        self.requests = Counter("tracker_http_requests_total", "HTTP requests", ["method", "route", "status"], registry=r)
+        self.requests = Counter(
+            "tracker_http_requests_total", "HTTP requests", ["method", "route", "status"], registry=r
+        )
         self.latency = Histogram(
-            "tracker_http_request_duration_seconds", "HTTP request latency", ["method", "route"], registry=r,
+            "tracker_http_request_duration_seconds",
+            "HTTP request latency",
+            ["method", "route"],
+            registry=r,
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
         )
 
@@ -130,13 +140,16 @@ class Commands:
         self._observer.attempt_opened(attempt)
         return attempt
 
-    def commit(self, session_id: str, attempt_id: str, fencing_token: int, tokens_after: int, **kwargs: Any) -> SessionState:
+    def commit(
+        self, session_id: str, attempt_id: str, fencing_token: int, tokens_after: int, **kwargs: Any
+    ) -> SessionState:
         state = self._run(self._tracker.commit, session_id, attempt_id, fencing_token, tokens_after, **kwargs)
         self._observer.attempt_ended("committed")
         return state
 
-    def reject(self, session_id: str, attempt_id: str, fencing_token: int, reject_reason: str,
-               **kwargs: Any) -> SessionState:
+    def reject(
+        self, session_id: str, attempt_id: str, fencing_token: int, reject_reason: str, **kwargs: Any
+    ) -> SessionState:
         state = self._run(self._tracker.reject, session_id, attempt_id, fencing_token, reject_reason, **kwargs)
         self._observer.attempt_ended("rejected")
         return state
@@ -164,7 +177,7 @@ class Caller:
         return check_session_id(f"{self.prefix}{session_id}")
 
     def external(self, session_id: str) -> str:
-        return session_id[len(self.prefix):] if session_id.startswith(self.prefix) else session_id
+        return session_id[len(self.prefix) :] if session_id.startswith(self.prefix) else session_id
 
 
 # -- the runtime --------------------------------------------------------------------------------
@@ -241,8 +254,11 @@ class Runtime:
                 checks["redis"] = {"status": "ok"}
             except Exception as exc:  # noqa: BLE001 - any failure means "not ready"
                 ready = False
-                checks["redis"] = {"status": "error", "code": "redis_unavailable",
-                                   "message": f"{type(exc).__name__}: {exc}"[:300]}
+                checks["redis"] = {
+                    "status": "error",
+                    "code": "redis_unavailable",
+                    "message": f"{type(exc).__name__}: {exc}"[:300],
+                }
         else:
             checks["redis"] = {"status": "not_configured"}
         return ready, checks
@@ -256,8 +272,7 @@ class Runtime:
                     url = self.settings.coordination.redis_url
                     if url is None:
                         raise InvalidSetting("TRACKER_REDIS_URL", "is not set: there is no Redis to check")
-                    self._redis = redis.Redis.from_url(url,
-                                                       socket_timeout=1.0, socket_connect_timeout=1.0)
+                    self._redis = redis.Redis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0)
         return self._redis
 
     def close(self) -> None:

@@ -49,7 +49,12 @@ class ModelRefIn(_In):
 class MeasurementIn(_In):
     """A count you made yourself (SPEC §2)."""
 
-    basis: str = Field(..., min_length=1, max_length=220, description="`r<revision>:<through>`, or a bare `through` at the current revision")
+    basis: str = Field(
+        ...,
+        min_length=1,
+        max_length=220,
+        description="`r<revision>:<through>`, or a bare `through` at the current revision",
+    )
     input_tokens: int = Field(..., strict=True, ge=0, le=JSON_SAFE_INT)
     input_limit: int = Field(..., strict=True, gt=0, le=JSON_SAFE_INT)
     model: ModelRefIn | str | None = Field(None, description="{provider, name} or a name")
@@ -61,10 +66,16 @@ class ObserveIn(_In):
     """Exactly one of ``measurement``, or ``request`` + ``model`` + ``basis`` (counted by the tracker)."""
 
     measurement: MeasurementIn | None = None
-    request: dict[str, Any] | None = Field(None, description="the complete LLM request (system, messages, tools) to count")
-    model: str | None = Field(None, min_length=1, max_length=200, description="model name from the registry (with request)")
+    request: dict[str, Any] | None = Field(
+        None, description="the complete LLM request (system, messages, tools) to count"
+    )
+    model: str | None = Field(
+        None, min_length=1, max_length=200, description="model name from the registry (with request)"
+    )
     basis: str | None = Field(None, min_length=1, max_length=220, description="what the request covers (with request)")
-    compaction_threshold: float | None = Field(None, allow_inf_nan=False, description="per-request threshold; may only lower it")
+    compaction_threshold: float | None = Field(
+        None, allow_inf_nan=False, description="per-request threshold; may only lower it"
+    )
     scope: str | None = Field(None, max_length=100)
     scope_confidence: float | None = Field(None, allow_inf_nan=False)
     overhead_tokens: int | None = Field(None, strict=True, ge=0, le=JSON_SAFE_INT)
@@ -110,7 +121,9 @@ def view(name: str, source: type, doc: str, /, **wire: Any) -> type[BaseModel]:
 AttemptOut = view("AttemptOut", Attempt, "A compaction attempt (open, or as it was opened).")
 
 DecisionOut = view(
-    "DecisionOut", Decision, "The decision on one measurement (``Result.to_data()``).",
+    "DecisionOut",
+    Decision,
+    "The decision on one measurement (``Result.to_data()``).",
     session_id=str,
     version=int,
     attempt=(AttemptOut | None, Field(None, description="the attempt opened for this caller (action compact)")),
@@ -120,7 +133,9 @@ DecisionOut = view(
 LastMeasurementOut = view("LastMeasurementOut", LastMeasurement, "The session's last recorded measurement.")
 
 SessionStateOut = view(
-    "SessionStateOut", SessionState, "The session's state: the fold of its log (``SessionState.to_data()``).",
+    "SessionStateOut",
+    SessionState,
+    "The session's state: the fold of its log (``SessionState.to_data()``).",
     policy=dict[str, Any] | None,
     exhausted=list[str],
     open_attempts=list[AttemptOut],  # type: ignore[valid-type]  # a model built at import time by view()

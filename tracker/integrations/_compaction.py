@@ -124,7 +124,7 @@ class View:
         return f"r{self.revision}:h{digest(self.items)}"
 
     def apply(self, rep: Replacement) -> View:
-        items = self.items[: rep.start] + (summary_item(rep.summary),) + self.items[rep.end:]
+        items = self.items[: rep.start] + (summary_item(rep.summary),) + self.items[rep.end :]
         return replace(self, items=items, revision=rep.revision)
 
 
@@ -249,8 +249,9 @@ _PROCESS_SHARE = MemoryShare()
 # -- counting the compacted request ----------------------------------------------------------
 
 
-def default_counter(tracker: Any, model: str, models_file: str | os.PathLike[str] | None = None
-                    ) -> Callable[[dict[str, Any]], int]:
+def default_counter(
+    tracker: Any, model: str, models_file: str | os.PathLike[str] | None = None
+) -> Callable[[dict[str, Any]], int]:
     """``count(request) -> tokens`` with the counter the tracker uses for ``model``.
 
     Embedded tracker: its own counting backend and policy. Anything else (a remote client):
@@ -329,8 +330,9 @@ class ContextGuard:
         out = Outcome(view)
         for _ in range(self.max_rounds):
             try:
-                result = self.tracker.observe(session_id, request=out.view.request(), model=self.model,
-                                              basis=out.view.basis())
+                result = self.tracker.observe(
+                    session_id, request=out.view.request(), model=self.model, basis=out.view.basis()
+                )
             except StaleBasis:
                 rep = self._adopt(session_id, out.view)
                 if rep is None:
@@ -353,8 +355,9 @@ class ContextGuard:
                     self._applied(out, rep)
                 continue
             raise TrackerError(f"unexpected action {result.action!r}")  # pragma: no cover
-        raise TrackerError(f"session {session_id}: the request did not settle in {self.max_rounds} rounds",
-                           session_id=session_id)
+        raise TrackerError(
+            f"session {session_id}: the request did not settle in {self.max_rounds} rounds", session_id=session_id
+        )
 
     @staticmethod
     def _applied(out: Outcome, rep: Replacement) -> None:
@@ -370,10 +373,17 @@ class ContextGuard:
             log.warning("session %s: compaction %s rejected: %s", session_id, attempt.attempt_id, exc)
             self._reject(session_id, attempt, exc.reason)
             return None
-        self.share.put(session_id, attempt.attempt_id, {
-            "from_revision": view.revision, "start": rep.start, "end": rep.end,
-            "span": digest(view.items[rep.start:rep.end]), "summary": rep.summary,
-        })
+        self.share.put(
+            session_id,
+            attempt.attempt_id,
+            {
+                "from_revision": view.revision,
+                "start": rep.start,
+                "end": rep.end,
+                "span": digest(view.items[rep.start : rep.end]),
+                "summary": rep.summary,
+            },
+        )
         try:
             state = self.tracker.commit(session_id, attempt.attempt_id, attempt.fencing_token, rep.tokens_after or 0)
         except SummaryTooLarge:
@@ -411,8 +421,14 @@ class ContextGuard:
             raise SummaryFailed(SUMMARIZER_ERROR, f"{type(exc).__name__}: {exc}") from exc
         if not isinstance(text, str) or not text.strip():
             raise SummaryFailed(SUMMARIZER_ERROR, "the summariser returned no text")
-        rep = Replacement(head, end, text.strip(), view.revision + 1, attempt_id=attempt.attempt_id,
-                          tokens_before=attempt.tokens_before)
+        rep = Replacement(
+            head,
+            end,
+            text.strip(),
+            view.revision + 1,
+            attempt_id=attempt.attempt_id,
+            tokens_before=attempt.tokens_before,
+        )
         try:
             tokens_after = self.count(view.apply(rep).request())
         except CountError as exc:
@@ -444,9 +460,16 @@ class ContextGuard:
             return None
         if digest(view.items[start:end]) != payload.get("span"):
             return None  # a different history under the same session: nothing to adopt
-        return Replacement(start, end, str(payload["summary"]), view.revision + 1,
-                           attempt_id=committed["attempt_id"], tokens_before=committed.get("tokens_before"),
-                           tokens_after=committed.get("tokens_after"), adopted=True)
+        return Replacement(
+            start,
+            end,
+            str(payload["summary"]),
+            view.revision + 1,
+            attempt_id=committed["attempt_id"],
+            tokens_before=committed.get("tokens_before"),
+            tokens_after=committed.get("tokens_after"),
+            adopted=True,
+        )
 
 
 def summary_prompt(transcript: str, budget_tokens: int) -> str:

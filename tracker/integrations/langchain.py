@@ -89,8 +89,10 @@ def _block(block: Any, role: str) -> dict[str, Any] | None:
             return {"type": "image", "source": {"type": "url", "url": block["url"]}}
         data = block.get("base64") or block.get("data")
         if data:
-            return {"type": "image", "source": {"type": "base64", "media_type": block.get("mime_type", "image/png"),
-                                                "data": data}}
+            return {
+                "type": "image",
+                "source": {"type": "base64", "media_type": block.get("mime_type", "image/png"), "data": data},
+            }
     if kind in ("tool_call", "tool_use", "function_call") and role == "assistant":
         return None  # the message's tool_calls carry these
     # anything else (reasoning, files, provider blocks) counts as its JSON text: conservative
@@ -116,7 +118,11 @@ def message_item(m: BaseMessage, *, pinned: bool = False) -> Item:
     if isinstance(m, SystemMessage):
         return Item(({"role": "system", "content": _content(m.content, "system")},), pinned=pinned)
     if isinstance(m, ToolMessage):
-        msg: dict[str, Any] = {"role": "tool", "tool_call_id": str(m.tool_call_id), "content": _content(m.content, "tool")}
+        msg: dict[str, Any] = {
+            "role": "tool",
+            "tool_call_id": str(m.tool_call_id),
+            "content": _content(m.content, "tool"),
+        }
         if getattr(m, "status", None) == "error":
             msg["is_error"] = True
         return Item((msg,), results=frozenset({str(m.tool_call_id)}))
@@ -124,9 +130,16 @@ def message_item(m: BaseMessage, *, pinned: bool = False) -> Item:
         msg = {"role": "assistant", "content": _content(m.content, "assistant")}
         calls = []
         for i, tc in enumerate(m.tool_calls or []):
-            calls.append({"id": _call_id(tc, i), "type": "function",
-                          "function": {"name": tc["name"], "arguments": json.dumps(tc.get("args") or {}, sort_keys=True,
-                                                                                  default=str)}})
+            calls.append(
+                {
+                    "id": _call_id(tc, i),
+                    "type": "function",
+                    "function": {
+                        "name": tc["name"],
+                        "arguments": json.dumps(tc.get("args") or {}, sort_keys=True, default=str),
+                    },
+                }
+            )
         if calls:
             msg["tool_calls"] = calls
         return Item((msg,), calls=frozenset(str(c["id"]) for c in calls))
@@ -159,8 +172,9 @@ def view_of(messages: Sequence[BaseMessage], system: BaseMessage | None = None, 
     return View(system=sys, items=tuple(items), tools=tuple(_tool(t) for t in tools), revision=revision_of(messages))
 
 
-def to_request(messages: Sequence[BaseMessage], system: BaseMessage | None = None,
-               tools: Sequence[Any] = ()) -> dict[str, Any]:
+def to_request(
+    messages: Sequence[BaseMessage], system: BaseMessage | None = None, tools: Sequence[Any] = ()
+) -> dict[str, Any]:
     """The complete request (tracker shape) LangChain sends for these messages, system message and tools."""
     return view_of(messages, system, tools).request()
 
@@ -200,8 +214,15 @@ class ContextTrackerMiddleware(AgentMiddleware):
         models_file: str | os.PathLike[str] | None = None,
     ) -> None:
         super().__init__()
-        self.guard = ContextGuard(tracker, model=model, keep_last=keep_last, count_tokens=count_tokens, share=share,
-                                  wait_timeout_s=wait_timeout_s, models_file=models_file)
+        self.guard = ContextGuard(
+            tracker,
+            model=model,
+            keep_last=keep_last,
+            count_tokens=count_tokens,
+            share=share,
+            wait_timeout_s=wait_timeout_s,
+            models_file=models_file,
+        )
         self.summarizer = summarizer
         self.session_id = session_id
 
@@ -239,8 +260,11 @@ class ContextTrackerMiddleware(AgentMiddleware):
             except RuntimeError:
                 thread_id = None
         if not thread_id:
-            raise InvalidInput("session_id", "no thread_id in the run's config: pass session_id= to the middleware "
-                                             "or config={'configurable': {'thread_id': ...}} to invoke")
+            raise InvalidInput(
+                "session_id",
+                "no thread_id in the run's config: pass session_id= to the middleware "
+                "or config={'configurable': {'thread_id': ...}} to invoke",
+            )
         return str(thread_id)
 
     def _settle(self, request: ModelRequest, loop: asyncio.AbstractEventLoop | None) -> list[AnyMessage] | None:
@@ -255,11 +279,12 @@ class ContextTrackerMiddleware(AgentMiddleware):
         if not out.replacements:
             return None
         for rep in out.replacements:  # each refers to the history as the one before left it
-            messages = messages[: rep.start] + [summary_message(rep.summary, rep.revision)] + messages[rep.end:]
+            messages = messages[: rep.start] + [summary_message(rep.summary, rep.revision)] + messages[rep.end :]
         return messages
 
-    def _summarize(self, messages: list[AnyMessage], budget: int, request: ModelRequest,
-                   loop: asyncio.AbstractEventLoop | None) -> str:
+    def _summarize(
+        self, messages: list[AnyMessage], budget: int, request: ModelRequest, loop: asyncio.AbstractEventLoop | None
+    ) -> str:
         summarizer = self.summarizer if self.summarizer is not None else request.model
         if hasattr(summarizer, "invoke"):  # a chat model or any Runnable
             reply = summarizer.invoke([HumanMessage(content=summary_prompt(get_buffer_string(messages), budget))])
@@ -282,6 +307,5 @@ def _replacing(response: Any, new_messages: list[AnyMessage]) -> ExtendedModelRe
         response = ModelResponse(result=[response])
     return ExtendedModelResponse(
         model_response=response,
-        command=Command(update={"messages": [RemoveMessage(id=REMOVE_ALL_MESSAGES), *new_messages,
-                                             *response.result]}),
+        command=Command(update={"messages": [RemoveMessage(id=REMOVE_ALL_MESSAGES), *new_messages, *response.result]}),
     )

@@ -79,8 +79,12 @@ def _user_content(content: Any) -> Any:
         elif isinstance(c, ImageUrl):
             parts.append({"type": "image", "source": {"type": "url", "url": c.url}})
         elif isinstance(c, BinaryContent) and c.is_image:
-            parts.append({"type": "image", "source": {"type": "base64", "media_type": c.media_type,
-                                                      "data": base64.b64encode(c.data).decode()}})
+            parts.append(
+                {
+                    "type": "image",
+                    "source": {"type": "base64", "media_type": c.media_type, "data": base64.b64encode(c.data).decode()},
+                }
+            )
         else:  # documents, audio, video, cache points: counted as their description (conservative)
             parts.append({"type": "text", "text": repr(c)})
     return parts
@@ -88,8 +92,15 @@ def _user_content(content: Any) -> Any:
 
 # Parts that record changes of instructions, tools or settings: what they record is counted from the
 # request parameters (instruction parts, tool definitions), not from the history.
-_BOOKKEEPING_PARTS = frozenset({"InstructionDeltaPart", "InstructionBaselinePart", "ToolAvailabilityDeltaPart",
-                                "CapabilityLoadDeltaPart", "ModelSettingsDeltaPart"})
+_BOOKKEEPING_PARTS = frozenset(
+    {
+        "InstructionDeltaPart",
+        "InstructionBaselinePart",
+        "ToolAvailabilityDeltaPart",
+        "CapabilityLoadDeltaPart",
+        "ModelSettingsDeltaPart",
+    }
+)
 
 
 def message_item(m: ModelMessage) -> Item:
@@ -102,8 +113,9 @@ def message_item(m: ModelMessage) -> Item:
             if isinstance(rp, TextPart):
                 content.append({"type": "text", "text": rp.content})
             elif isinstance(rp, ToolCallPart):
-                content.append({"type": "tool_call", "id": rp.tool_call_id, "name": rp.tool_name,
-                                "arguments": rp.args_as_dict()})
+                content.append(
+                    {"type": "tool_call", "id": rp.tool_call_id, "name": rp.tool_name, "arguments": rp.args_as_dict()}
+                )
                 calls.add(rp.tool_call_id)
             else:  # thinking, native tool calls and returns, files: their content as JSON text (conservative)
                 content.append({"type": "text", "text": json.dumps(getattr(rp, "content", repr(rp)), default=str)})
@@ -117,8 +129,9 @@ def message_item(m: ModelMessage) -> Item:
             out.append({"role": "user", "content": _user_content(p.content)})
         elif isinstance(p, RetryPromptPart):
             if p.tool_name is not None:
-                out.append({"role": "tool", "tool_call_id": p.tool_call_id, "content": p.model_response(),
-                            "is_error": True})
+                out.append(
+                    {"role": "tool", "tool_call_id": p.tool_call_id, "content": p.model_response(), "is_error": True}
+                )
                 results.add(p.tool_call_id)
             else:
                 out.append({"role": "user", "content": p.model_response()})
@@ -135,8 +148,13 @@ def message_item(m: ModelMessage) -> Item:
 
 
 def _system(messages: Sequence[ModelMessage], instructions: Sequence[str]) -> list[dict[str, Any]]:
-    parts = [{"type": "text", "text": p.content} for m in messages if isinstance(m, ModelRequest)
-             for p in m.parts if isinstance(p, SystemPromptPart)]
+    parts = [
+        {"type": "text", "text": p.content}
+        for m in messages
+        if isinstance(m, ModelRequest)
+        for p in m.parts
+        if isinstance(p, SystemPromptPart)
+    ]
     return parts + [{"type": "text", "text": text} for text in instructions if text]
 
 
@@ -154,20 +172,26 @@ def revision_of(messages: Sequence[ModelMessage]) -> int:
 
 
 def view_of(messages: Sequence[ModelMessage], instructions: Sequence[str] = (), tools: Sequence[Any] = ()) -> View:
-    return View(system=_system(messages, instructions) or None, items=tuple(message_item(m) for m in messages),
-                tools=tuple(_tool(t) for t in tools), revision=revision_of(messages))
+    return View(
+        system=_system(messages, instructions) or None,
+        items=tuple(message_item(m) for m in messages),
+        tools=tuple(_tool(t) for t in tools),
+        revision=revision_of(messages),
+    )
 
 
-def to_request(messages: Sequence[ModelMessage], instructions: Sequence[str] = (),
-               tools: Sequence[Any] = ()) -> dict[str, Any]:
+def to_request(
+    messages: Sequence[ModelMessage], instructions: Sequence[str] = (), tools: Sequence[Any] = ()
+) -> dict[str, Any]:
     """The complete request (tracker shape): messages, instruction texts and ``ToolDefinition`` s."""
     return view_of(messages, instructions, tools).request()
 
 
 def summary_message(text: str, revision: int, system_parts: Sequence[SystemPromptPart] = ()) -> ModelRequest:
     """The message a summary becomes: the system prompt parts it displaced, then the summary."""
-    return ModelRequest(parts=[*system_parts, UserPromptPart(SUMMARY_PREFIX + text)],
-                        metadata={MARKER: {"revision": revision}})
+    return ModelRequest(
+        parts=[*system_parts, UserPromptPart(SUMMARY_PREFIX + text)], metadata={MARKER: {"revision": revision}}
+    )
 
 
 def _transcript(messages: Sequence[ModelMessage]) -> str:
@@ -205,8 +229,15 @@ class ContextTrackerCapability(AbstractCapability[Any]):
         wait_timeout_s: float = 30.0,
         models_file: str | os.PathLike[str] | None = None,
     ) -> None:
-        self.guard = ContextGuard(tracker, model=model, keep_last=keep_last, count_tokens=count_tokens, share=share,
-                                  wait_timeout_s=wait_timeout_s, models_file=models_file)
+        self.guard = ContextGuard(
+            tracker,
+            model=model,
+            keep_last=keep_last,
+            count_tokens=count_tokens,
+            share=share,
+            wait_timeout_s=wait_timeout_s,
+            models_file=models_file,
+        )
         self.summarizer = summarizer
         self.session_id = session_id
 
@@ -237,8 +268,14 @@ class ContextTrackerCapability(AbstractCapability[Any]):
             raise InvalidInput("session_id", "the run has no conversation_id: pass session_id= to the capability")
         return str(session)
 
-    async def _process(self, ctx: RunContext[Any], messages: list[ModelMessage], instructions: Sequence[str],
-                       tools: Sequence[Any], model: Any) -> list[ModelMessage] | None:
+    async def _process(
+        self,
+        ctx: RunContext[Any],
+        messages: list[ModelMessage],
+        instructions: Sequence[str],
+        tools: Sequence[Any],
+        model: Any,
+    ) -> list[ModelMessage] | None:
         loop = asyncio.get_running_loop()
         session = self._session(ctx)
         view = view_of(messages, instructions, tools)
@@ -250,15 +287,16 @@ class ContextTrackerCapability(AbstractCapability[Any]):
         if not out.replacements:
             return None
         for rep in out.replacements:  # each refers to the history as the one before left it
-            span = messages[rep.start:rep.end]
-            system_parts = [p for m in span if isinstance(m, ModelRequest) for p in m.parts
-                            if isinstance(p, SystemPromptPart)]
-            messages = messages[: rep.start] + [summary_message(rep.summary, rep.revision, system_parts)] \
-                + messages[rep.end:]
+            span = messages[rep.start : rep.end]
+            system_parts = [
+                p for m in span if isinstance(m, ModelRequest) for p in m.parts if isinstance(p, SystemPromptPart)
+            ]
+            messages = (
+                messages[: rep.start] + [summary_message(rep.summary, rep.revision, system_parts)] + messages[rep.end :]
+            )
         return messages
 
-    def _summarize(self, messages: list[ModelMessage], budget: int, model: Any,
-                   loop: asyncio.AbstractEventLoop) -> str:
+    def _summarize(self, messages: list[ModelMessage], budget: int, model: Any, loop: asyncio.AbstractEventLoop) -> str:
         """Runs in a worker thread; anything async runs on the agent's own loop, which awaits this thread."""
         summarizer = self.summarizer
         prompt = summary_prompt(_transcript(messages), budget)
@@ -266,7 +304,8 @@ class ContextTrackerCapability(AbstractCapability[Any]):
             from pydantic_ai.direct import model_request
 
             reply = asyncio.run_coroutine_threadsafe(
-                model_request(model, [ModelRequest(parts=[UserPromptPart(prompt)])]), loop).result()
+                model_request(model, [ModelRequest(parts=[UserPromptPart(prompt)])]), loop
+            ).result()
             return "".join(p.content for p in reply.parts if isinstance(p, TextPart))
         if hasattr(summarizer, "run") and hasattr(summarizer, "run_sync"):  # a pydantic-ai Agent
             return str(asyncio.run_coroutine_threadsafe(summarizer.run(prompt), loop).result().output)

@@ -101,9 +101,13 @@ class EventStore(Protocol):
         """The earlier append made with this key (``replayed=True``), or None."""
         ...
 
-    def read_stream(self, session_id: str, from_version: int = 1, to_version: int | None = None) -> Iterator[StoredEvent]: ...
+    def read_stream(
+        self, session_id: str, from_version: int = 1, to_version: int | None = None
+    ) -> Iterator[StoredEvent]: ...
 
-    def read_all(self, after_position: int = 0, limit: int = 1000, *, session_prefix: str | None = None) -> list[StoredEvent]:
+    def read_all(
+        self, after_position: int = 0, limit: int = 1000, *, session_prefix: str | None = None
+    ) -> list[StoredEvent]:
         """Events after ``after_position`` in commit-safe global order; with ``session_prefix``,
         only those of sessions whose id starts with it (exact, case-sensitive)."""
         ...

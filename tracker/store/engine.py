@@ -41,12 +41,16 @@ def make_engine(url: str) -> Engine:
         return _sqlite_engine(url)
     if url.startswith("postgresql"):
         return _postgres_engine(url)
-    raise InvalidInput("database_url", f"unsupported database URL {url.split(':', 1)[0]!r} (use sqlite:/// or postgresql://)")
+    raise InvalidInput(
+        "database_url", f"unsupported database URL {url.split(':', 1)[0]!r} (use sqlite:/// or postgresql://)"
+    )
 
 
 def _sqlite_engine(url: str) -> Engine:
     if url.rstrip("/") in ("sqlite:", "sqlite:/") or ":memory:" in url or "mode=memory" in url:
-        raise InvalidInput("database_url", "an in-memory SQLite database cannot be used; give a file (sqlite:///path.db)")
+        raise InvalidInput(
+            "database_url", "an in-memory SQLite database cannot be used; give a file (sqlite:///path.db)"
+        )
     engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False}, pool_pre_ping=True)
 
     @event.listens_for(engine, "connect")

@@ -75,7 +75,7 @@ class FleetStore:
     def create_fleet(self, name: str) -> dict[str, Any]:
         if not isinstance(name, str) or not _FLEET_NAME.fullmatch(name):
             raise InvalidInput("name", "must be 1-100 characters of [A-Za-z0-9._-]")
-        fleet_id = "f" + secrets.token_hex(5)[:FLEET_ID_LEN - 1]
+        fleet_id = "f" + secrets.token_hex(5)[: FLEET_ID_LEN - 1]
         now = datetime.now(UTC)
 
         def do(conn: Any) -> None:
@@ -98,8 +98,15 @@ class FleetStore:
             for fid, revoked in conn.execute(select(api_keys.c.fleet_id, api_keys.c.revoked_at)).all():
                 if revoked is None:
                     keys[fid] = keys.get(fid, 0) + 1
-            return [{"fleet_id": r.fleet_id, "name": r.name, "created_at": _iso(r.created_at),
-                     "active_keys": keys.get(r.fleet_id, 0)} for r in rows]
+            return [
+                {
+                    "fleet_id": r.fleet_id,
+                    "name": r.name,
+                    "created_at": _iso(r.created_at),
+                    "active_keys": keys.get(r.fleet_id, 0),
+                }
+                for r in rows
+            ]
 
         return self._run("list_fleets", do)
 
@@ -124,18 +131,43 @@ class FleetStore:
         key_id = secrets.token_hex(KEY_ID_LEN // 2)
         token = f"{TOKEN_PREFIX}{key_id}_{secrets.token_urlsafe(32)}"
         now = datetime.now(UTC)
-        self._run("create_key", lambda conn: conn.execute(insert(api_keys).values(
-            key_id=key_id, fleet_id=f["fleet_id"], token_hash=hash_token(token), created_at=now)), write=True)
-        return {"key_id": key_id, "fleet_id": f["fleet_id"], "fleet": f["name"], "created_at": now.isoformat(),
-                "revoked_at": None}, token
+        self._run(
+            "create_key",
+            lambda conn: conn.execute(
+                insert(api_keys).values(
+                    key_id=key_id, fleet_id=f["fleet_id"], token_hash=hash_token(token), created_at=now
+                )
+            ),
+            write=True,
+        )
+        return {
+            "key_id": key_id,
+            "fleet_id": f["fleet_id"],
+            "fleet": f["name"],
+            "created_at": now.isoformat(),
+            "revoked_at": None,
+        }, token
 
     def list_keys(self, fleet: str) -> list[dict[str, Any]]:
         f = self.get_fleet(fleet)
         k = api_keys.c
-        stmt = select(k.key_id, k.created_at, k.revoked_at).where(k.fleet_id == f["fleet_id"]).order_by(k.created_at, k.key_id)
+        stmt = (
+            select(k.key_id, k.created_at, k.revoked_at)
+            .where(k.fleet_id == f["fleet_id"])
+            .order_by(k.created_at, k.key_id)
+        )
         rows = self._run("list_keys", lambda conn: conn.execute(stmt).all())
-        return [{"key_id": r.key_id, "fleet_id": f["fleet_id"], "fleet": f["name"], "created_at": _iso(r.created_at),
-                 "revoked_at": _iso(r.revoked_at), "active": r.revoked_at is None} for r in rows]
+        return [
+            {
+                "key_id": r.key_id,
+                "fleet_id": f["fleet_id"],
+                "fleet": f["name"],
+                "created_at": _iso(r.created_at),
+                "revoked_at": _iso(r.revoked_at),
+                "active": r.revoked_at is None,
+            }
+            for r in rows
+        ]
 
     def revoke_key(self, key_id: str) -> dict[str, Any]:
         if not isinstance(key_id, str) or not _KEY_ID.fullmatch(key_id):
@@ -192,4 +224,3 @@ class FleetStore:
                     self._cache.clear()
                 self._cache[digest] = (row.fleet_id, now + self.cache_s)
         return row.fleet_id
-

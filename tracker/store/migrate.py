@@ -87,7 +87,9 @@ def current_revisions(bind: Any) -> tuple[str, ...]:
 
     if isinstance(bind, Connection):
         return tuple(MigrationContext.configure(bind).get_current_heads())
-    engine = bind if isinstance(bind, Engine) else create_engine(normalize_database_url(str(bind)), poolclass=pool.NullPool)
+    engine = (
+        bind if isinstance(bind, Engine) else create_engine(normalize_database_url(str(bind)), poolclass=pool.NullPool)
+    )
     try:
         with map_db_errors("schema check"), engine.connect() as conn:
             return tuple(MigrationContext.configure(conn).get_current_heads())
@@ -125,9 +127,7 @@ def check_schema(engine: Any) -> None:
     if head in current and len(current) == 1:
         return
     if not current:
-        raise SchemaOutOfDate(
-            f"the database has no tracker schema; {UPGRADE_HINT}", current=None, head=head
-        )
+        raise SchemaOutOfDate(f"the database has no tracker schema; {UPGRADE_HINT}", current=None, head=head)
     known = set(revisions())
     if all(rev in known for rev in current):
         raise SchemaOutOfDate(

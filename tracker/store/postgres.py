@@ -65,9 +65,7 @@ _APPEND = (
 )
 _BEGIN_APPEND = "BEGIN; " + _APPEND
 _BEGIN_PRE_READ_APPEND = "BEGIN; " + _PRE_READ + "; " + _APPEND
-_PUT_SESSION = (
-    "SELECT ct_put_session(%s::text, %s::integer, %s::integer, %s::text, %s::text, %s::integer, %s::integer, %s::integer)"
-)
+_PUT_SESSION = "SELECT ct_put_session(%s::text, %s::integer, %s::integer, %s::text, %s::text, %s::integer, %s::integer, %s::integer)"
 _PUT_SESSION_COMMIT = _PUT_SESSION + "; COMMIT"
 # Hot reads (server-side bound, prepared by psycopg after a few uses).
 _EVENT_COLS = "position, session_id, version, type, data, recorded_at, idempotency_key"

@@ -171,7 +171,9 @@ def _event(row: Any) -> StoredEvent:
 class _HotReads(Protocol):
     """The reads a backend serves its own way (PostgreSQL: ``PgFastPath``; SQLite: ``_CoreReads``)."""
 
-    def read_stream_page(self, session_id: str, after: int, to_version: int | None, limit: int) -> list[StoredEvent]: ...
+    def read_stream_page(
+        self, session_id: str, after: int, to_version: int | None, limit: int
+    ) -> list[StoredEvent]: ...
 
     def read_all(self, after_position: int, limit: int, session_prefix: str | None) -> list[StoredEvent]: ...
 
@@ -236,7 +238,9 @@ def _columns(proj: Projector, state: dict[str, Any]) -> tuple[Any, Any, Any, int
 class SqlEventStore:
     """``EventStore`` on SQLite or PostgreSQL. Thread-safe; one instance per process is plenty."""
 
-    def __init__(self, engine: Engine, *, projector: Projector | None = None, max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES):
+    def __init__(
+        self, engine: Engine, *, projector: Projector | None = None, max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES
+    ):
         self._engine = engine
         self.backend = engine.dialect.name
         self.projector = projector
@@ -314,7 +318,9 @@ class SqlEventStore:
             etype = getattr(ev, "type", None)
             data = getattr(ev, "data", None)
             if not isinstance(etype, str) or not 1 <= len(etype) <= MAX_EVENT_TYPE_LEN:
-                raise InvalidInput(f"events[{i}].type", f"must be a non-empty string of at most {MAX_EVENT_TYPE_LEN} characters")
+                raise InvalidInput(
+                    f"events[{i}].type", f"must be a non-empty string of at most {MAX_EVENT_TYPE_LEN} characters"
+                )
             if _CONTROL.search(etype):
                 raise InvalidInput(f"events[{i}].type", "must not contain control characters")
             if not isinstance(data, dict):
@@ -350,7 +356,9 @@ class SqlEventStore:
 
     # -- projection helpers ----------------------------------------------------------------------
 
-    def fold_stream(self, session_id: str, to_version: int | None = None, projector: Projector | None = None) -> tuple[dict[str, Any], int]:
+    def fold_stream(
+        self, session_id: str, to_version: int | None = None, projector: Projector | None = None
+    ) -> tuple[dict[str, Any], int]:
         """Rebuild a session's state from the log alone (streamed). Returns (state, version)."""
         proj = projector or self.projector
         if proj is None:
@@ -515,7 +523,9 @@ class SqlEventStore:
                 if expected == 0:
                     conn.execute(insert(sessions_t).values(session_id=sid, created_at=recorded_at, **values))
                 else:
-                    res = conn.execute(update(sessions_t).where(s.session_id == sid, s.version == expected).values(**values))
+                    res = conn.execute(
+                        update(sessions_t).where(s.session_id == sid, s.version == expected).values(**values)
+                    )
                     if res.rowcount != 1:  # cannot happen while we hold the write lock
                         raise self._conflict_error(sid, expected, expected)
                 if self.before_commit is not None:
@@ -547,13 +557,16 @@ class SqlEventStore:
 
     def _resolve_conflict(self, sid: str, expected: int, key: str | None) -> AppendResult:
         """After a lost race: the original result if the key was already used, else ConcurrencyConflict."""
+
         def look(conn: Connection) -> AppendResult | int:
             if key is not None:
                 replay = self._replay(conn, sid, key)
                 if replay is not None:
                     return replay
             e = events_t.c
-            return int(conn.execute(select(func.coalesce(func.max(e.version), 0)).where(e.session_id == sid)).scalar_one())
+            return int(
+                conn.execute(select(func.coalesce(func.max(e.version), 0)).where(e.session_id == sid)).scalar_one()
+            )
 
         found = self._run("append", look)
         if isinstance(found, AppendResult):
@@ -584,7 +597,9 @@ class SqlEventStore:
 
     # -- reads -----------------------------------------------------------------------------------
 
-    def read_stream(self, session_id: str, from_version: int = 1, to_version: int | None = None) -> Iterator[StoredEvent]:
+    def read_stream(
+        self, session_id: str, from_version: int = 1, to_version: int | None = None
+    ) -> Iterator[StoredEvent]:
         """The session's events from ``from_version`` to ``to_version`` (inclusive), fetched in batches."""
         check_session_id(session_id)
         if not isinstance(from_version, int) or isinstance(from_version, bool) or from_version < 1:
@@ -602,7 +617,9 @@ class SqlEventStore:
                 return
             after = page[-1].version
 
-    def read_all(self, after_position: int = 0, limit: int = 1000, *, session_prefix: str | None = None) -> list[StoredEvent]:
+    def read_all(
+        self, after_position: int = 0, limit: int = 1000, *, session_prefix: str | None = None
+    ) -> list[StoredEvent]:
         """Events with position > after_position in commit-safe order (see the module docstring).
 
         ``session_prefix``: only events of sessions whose id starts with it (exact and
@@ -680,7 +697,12 @@ class SqlEventStore:
         e = events_t.c
         after: str | None = None
         while True:
-            stmt = select(e.session_id, func.max(e.version)).group_by(e.session_id).order_by(e.session_id).limit(READ_BATCH)
+            stmt = (
+                select(e.session_id, func.max(e.version))
+                .group_by(e.session_id)
+                .order_by(e.session_id)
+                .limit(READ_BATCH)
+            )
             if after is not None:
                 stmt = stmt.where(e.session_id > after)
             rows = self._rows("verify", stmt)

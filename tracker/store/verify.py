@@ -35,7 +35,9 @@ def verify_projections(store: EventStore, projector: Projector) -> list[dict[str
     for sid, version in log.items():
         row = store.projection_row(sid)
         if row is None:
-            diffs.append({"session_id": sid, "field": "row", "stored": None, "expected": f"projection at version {version}"})
+            diffs.append(
+                {"session_id": sid, "field": "row", "stored": None, "expected": f"projection at version {version}"}
+            )
             continue
         state, folded_version = store.fold_stream(sid, None, projector)
         if folded_version != version:  # the log moved on while we read it; re-check this one
