@@ -17,6 +17,7 @@ import pytest
 
 from tests.conftest import REDIS_URL
 from tests.support.counters import test_models
+from tests.support.workers import KillableWorker
 from tracker.bench.procs import WorkerProcess, port_open
 from tracker.core.model import Basis
 from tracker.core.policy import Policy
@@ -99,7 +100,7 @@ def workers(models_file):
     main = WorkerProcess(
         broker=REDIS_URL, backend=REDIS_URL, queue=f"ct-count-{run}", env={"TRACKER_MODELS_FILE": models_file}
     )
-    doomed = WorkerProcess(
+    doomed = KillableWorker(
         broker=REDIS_URL, backend=REDIS_URL, queue=f"ct-doomed-{run}", env={"TRACKER_MODELS_FILE": models_file}
     )
     main.start()

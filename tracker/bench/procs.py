@@ -257,12 +257,6 @@ class WorkerProcess:
         except OSError:
             return ""
 
-    def kill9(self) -> None:
-        """SIGKILL the worker and its pool children (its own process group)."""
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
-
     def stop(self) -> None:
         if self.proc is None:
             return
@@ -271,8 +265,3 @@ class WorkerProcess:
             os.unlink(self.log.name)
         except OSError:
             pass
-
-    def pool_children(self) -> list[int]:
-        """Pids of the worker's pool processes."""
-        out = subprocess.run(["pgrep", "-P", str(self._running().pid)], capture_output=True, text=True)
-        return [int(p) for p in out.stdout.split()]
