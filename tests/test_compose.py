@@ -70,7 +70,8 @@ def test_compose_config_is_valid_and_quiet():
 
 def test_services_and_wiring(resolved):
     services = resolved["services"]
-    assert set(services) == {"postgres", "redis", "migrate", "worker", "tracker", "demo"}
+    # prometheus and grafana: the `monitoring` profile (checked in tests/test_telemetry.py)
+    assert set(services) == {"postgres", "redis", "migrate", "worker", "tracker", "demo", "prometheus", "grafana"}
 
     pg = services["postgres"]
     assert pg["image"].startswith("postgres:")

@@ -11,6 +11,12 @@ when the app is made:
 ``TRACKER_COUNT_TIMEOUT_S`` default soft time limit of the count task (the policy's
                             ``count_timeout_s``; each call also sends its own limits).
 ``TRACKER_MODELS_FILE``     extra / overriding model entries of the worker's registry.
+``TRACKER_WORKER_METRICS_PORT``  serve the worker's own Prometheus ``/metrics`` on this port
+                            (``workers.metrics``: count latency by quality, failures by kind).
+``TRACKER_LOG_FORMAT``      ``json``: one JSON object per log line (``tracker.telemetry``).
+
+Traces go where the standard ``OTEL_*`` variables say (none set: no tracing); each count task
+is a span in the caller's trace (``tracker.count_task``).
 
 An invalid setting (or models file) stops the worker at start, naming the variable.
 
@@ -26,10 +32,12 @@ from typing import Any
 
 from celery import Celery, signals
 
+from tracker import telemetry
 from tracker.bootstrap import build_registry
 from tracker.counting.celery import make_celery_app
 from tracker.errors import InvalidInput
 from tracker.settings import Settings
+from workers import metrics as worker_metrics
 from workers.tasks import register_count_task
 
 __all__ = ["app", "make_worker_app", "start_worker", "worker_argv"]
@@ -43,6 +51,12 @@ def make_worker_app(settings: Settings) -> Celery:
     """
     timeout_s = settings.policy.count_timeout_s
     registry = build_registry(settings)
+    telemetry.configure(
+        "tracker-worker", log_format="json" if settings.telemetry.log_format == "json" else None
+    )  # text: Celery's own log lines, as before
+    port = settings.telemetry.worker_metrics_port
+    if port is not None:
+        worker_metrics.prepare_multiprocess()
     app = make_celery_app(settings.counting, default_timeout_s=timeout_s)
     register_count_task(app, registry, default_timeout_s=timeout_s)
 
@@ -52,6 +66,8 @@ def make_worker_app(settings: Settings) -> Celery:
         from tracker.counting.counters import warm_encodings
 
         warm_encodings(tuple(sorted(registry.encodings())))
+        if port is not None:
+            worker_metrics.serve(port)  # in the main process, before the pool forks
 
     signals.worker_init.connect(warm, weak=False)
     return app

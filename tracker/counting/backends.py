@@ -19,7 +19,7 @@ Order of work (both backends, :class:`MeasuringBackend`):
    paths use) into a ``Measurement``.
 
 Unexpected exceptions raised by a counter are reported as ``CountTimeout`` with
-``cause="counter_error"``: no valid count was produced within the budget, and SPEC §7
+``cause="counter_error"``: no valid count was produced within the budget, and behaviour.md "Counting"
 keeps failures to five kinds.
 """
 
@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from tracker import telemetry
 from tracker.core.model import Basis, Measurement, ModelRef, is_int
 from tracker.core.policy import Policy
 from tracker.counting.base import CountingBackend, CountResult, ModelSpec, deadline_scope
@@ -234,10 +235,19 @@ class MeasuringBackend:
                 quality=declared,
                 counter_policy=policy.counter_policy,
             )
-        raw = self._count(req, spec, policy.count_timeout_s)
-        return validate_count(
-            raw, request=req, spec=spec, declared_quality=declared, policy=policy, basis=basis, input_limit=input_limit
-        )
+        with telemetry.span("tracker.count", model=spec.name) as s:
+            raw = self._count(req, spec, policy.count_timeout_s)
+            m = validate_count(
+                raw,
+                request=req,
+                spec=spec,
+                declared_quality=declared,
+                policy=policy,
+                basis=basis,
+                input_limit=input_limit,
+            )
+            s.set(telemetry.QUALITY, m.quality)
+            return m
 
     def _count(self, request: CanonicalRequest, spec: ModelSpec, timeout_s: float) -> Any:  # pragma: no cover
         raise NotImplementedError

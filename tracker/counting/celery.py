@@ -18,6 +18,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from tracker import telemetry
 from tracker.counting.backends import DaemonPool, MeasuringBackend, run_before_deadline
 from tracker.counting.base import ModelSpec
 from tracker.counting.registry import ModelRegistry
@@ -131,9 +132,10 @@ class CeleryCounting(MeasuringBackend):
 
     def _count(self, request: CanonicalRequest, spec: ModelSpec, timeout_s: float) -> Any:
         deadline = time.monotonic() + timeout_s + self.slack_s
+        headers = telemetry.inject()  # the caller's trace context, taken on the caller's thread
         return run_before_deadline(
             self._pool,
-            lambda: self._send_and_wait(request, spec, timeout_s, deadline - 0.03),
+            lambda: self._send_and_wait(request, spec, timeout_s, deadline - 0.03, headers),
             deadline,
             spec,
             timeout_s,
@@ -141,7 +143,9 @@ class CeleryCounting(MeasuringBackend):
             late=f"no count from Celery within {timeout_s:g}s (+{self.slack_s:g}s slack)",
         )
 
-    def _send_and_wait(self, request: CanonicalRequest, spec: ModelSpec, timeout_s: float, deadline: float) -> Any:
+    def _send_and_wait(
+        self, request: CanonicalRequest, spec: ModelSpec, timeout_s: float, deadline: float, headers: Any = None
+    ) -> Any:
         from celery.exceptions import TimeoutError as CeleryTimeout
 
         try:
@@ -154,6 +158,7 @@ class CeleryCounting(MeasuringBackend):
                 soft_time_limit=timeout_s,
                 time_limit=timeout_s + HARD_LIMIT_EXTRA_S,
                 retry=False,
+                headers=headers or None,
             )
         except Exception as exc:  # noqa: BLE001 - any broker trouble means no count in time
             raise CountTimeout(

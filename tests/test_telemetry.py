@@ -1,0 +1,550 @@
+"""Traces, logs and metrics, end to end with real parts.
+
+* One trace across two processes: an HTTP ``observe`` served by a real uvicorn server (in this
+  process, its spans caught by the OpenTelemetry SDK's in-memory exporter) that counts on a real
+  prefork Celery worker (a subprocess configured only by the standard ``OTEL_*`` variables; it
+  exports over OTLP/HTTP to a collector on loopback that this test runs and decodes with the
+  OTLP protobuf definitions). The worker's span must name the caller's span as its parent.
+* Every metric the shipped dashboard and alert rules query is exported by that server or worker,
+  and ``promtool check rules`` passes on the rules.
+* ``tracker serve`` with ``TRACKER_LOG_FORMAT=json``: every line parses, decision lines carry the
+  fleet, session, attempt and trace ids, and no line holds the database password or a key.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import REDIS_URL, _sqlalchemy_url, create_pg_database, drop_pg_database
+from tracker.bench.procs import WorkerProcess, free_port
+from tracker.counting.celery import make_celery_app
+from tracker.settings import Settings
+
+pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.celery, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[1]
+DEPLOY = ROOT / "deploy"
+MODELS = ROOT / "tracker" / "demo" / "models.json"  # a 40k-window model: a few kB of text reach `compact`
+MODEL = "demo-agent-40k"
+
+
+# -- a collector: OTLP/HTTP (protobuf) on loopback ---------------------------------------------------
+
+
+class Collector:
+    """Receives ``POST /v1/traces`` (OTLP/HTTP protobuf) and keeps the spans, decoded."""
+
+    def __init__(self) -> None:
+        self.spans: list[dict[str, Any]] = []
+        self.lock = threading.Lock()
+        collector = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - the http.server API
+                from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+                    ExportTraceServiceRequest,
+                    ExportTraceServiceResponse,
+                )
+
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if self.headers.get("Content-Encoding") == "gzip":
+                    body = gzip.decompress(body)
+                req = ExportTraceServiceRequest()
+                req.ParseFromString(body)
+                collector.add(req)
+                out = ExportTraceServiceResponse().SerializeToString()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", str(len(out)))
+                self.end_headers()
+                self.wfile.write(out)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def add(self, req: Any) -> None:
+        def value(v: Any) -> Any:
+            return getattr(v, v.WhichOneof("value")) if v.WhichOneof("value") else None
+
+        with self.lock:
+            for rs in req.resource_spans:
+                resource = {a.key: value(a.value) for a in rs.resource.attributes}
+                for ss in rs.scope_spans:
+                    for sp in ss.spans:
+                        self.spans.append(
+                            {
+                                "name": sp.name,
+                                "trace_id": sp.trace_id.hex(),
+                                "span_id": sp.span_id.hex(),
+                                "parent_id": sp.parent_span_id.hex() or None,
+                                "attributes": {a.key: value(a.value) for a in sp.attributes},
+                                "service": resource.get("service.name"),
+                            }
+                        )
+
+    def wait_for(self, name: str, timeout: float = 30.0) -> list[dict[str, Any]]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self.lock:
+                found = [s for s in self.spans if s["name"] == name]
+            if found:
+                return found
+            time.sleep(0.05)
+        raise AssertionError(f"no {name} span reached the collector in {timeout}s: {self.spans}")
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def otel_env(collector: Collector, service: str) -> dict[str, str]:
+    """The standard variables only: OTLP/HTTP to the collector, short batch delay."""
+    return {
+        "OTEL_TRACES_EXPORTER": "otlp",
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": collector.url + "/v1/traces",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+        "OTEL_BSP_SCHEDULE_DELAY": "50",
+        "OTEL_SERVICE_NAME": service,
+    }
+
+
+# -- the in-process side: the SDK's in-memory exporter ---------------------------------------------------
+
+
+def in_memory_exporter() -> Any:
+    """An in-memory exporter on this process's tracer provider (installed once per process)."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    provider = trace.get_tracer_provider()
+    if not isinstance(provider, TracerProvider):
+        provider = TracerProvider()
+        trace.set_tracer_provider(provider)
+    assert isinstance(trace.get_tracer_provider(), TracerProvider)
+    exporter = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return exporter
+
+
+def as_dict(span: Any) -> dict[str, Any]:
+    return {
+        "name": span.name,
+        "trace_id": format(span.context.trace_id, "032x"),
+        "span_id": format(span.context.span_id, "016x"),
+        "parent_id": format(span.parent.span_id, "016x") if span.parent else None,
+        "attributes": dict(span.attributes or {}),
+    }
+
+
+def ancestors(span: dict[str, Any], spans: list[dict[str, Any]]) -> list[str]:
+    """The span ids above ``span``, nearest first."""
+    by_id = {s["span_id"]: s for s in spans}
+    out, parent = [], span["parent_id"]
+    while parent is not None and parent in by_id:
+        out.append(parent)
+        parent = by_id[parent]["parent_id"]
+    return out
+
+
+def finished(exporter: Any, done: Any, timeout: float = 30.0) -> list[dict[str, Any]]:
+    """The finished spans, once ``done(spans)`` holds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        spans = [as_dict(s) for s in exporter.get_finished_spans()]
+        if done(spans) or time.monotonic() > deadline:
+            return spans
+        time.sleep(0.02)
+
+
+class ThreadServer:
+    """A real uvicorn server on loopback, serving ``app`` from a thread of this process."""
+
+    def __init__(self, app: Any) -> None:
+        import uvicorn
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            assert time.monotonic() < deadline and self.thread.is_alive(), "uvicorn did not start"
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(15)
+
+
+# -- the stack: Postgres, Redis broker, a real worker, the server -------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def stack():
+    from tracker.http.app import create_app
+    from tracker.store import upgrade
+    from tracker.store.engine import make_engine
+    from tracker.store.fleets import FleetStore
+
+    name, url = create_pg_database("ct_otel")
+    db_url = _sqlalchemy_url(url)
+    queue = f"ct-otel-{uuid.uuid4().hex[:8]}"
+    collector = Collector()
+    exporter = in_memory_exporter()
+    worker_port = free_port()
+    worker = server = None
+    try:
+        upgrade(db_url)
+        engine = make_engine(db_url)
+        fleets = FleetStore(engine)
+        fleet = fleets.create_fleet(f"otel-{uuid.uuid4().hex[:6]}")
+        _, token = fleets.create_key(fleet["fleet_id"])
+        engine.dispose()
+        worker = WorkerProcess(
+            broker=REDIS_URL,
+            backend=REDIS_URL,
+            queue=queue,
+            concurrency=1,
+            env={
+                **otel_env(collector, "tracker-worker"),
+                "TRACKER_MODELS_FILE": str(MODELS),
+                "TRACKER_WORKER_METRICS_PORT": str(worker_port),
+            },
+        ).start()
+        settings = Settings.of(
+            database_url=db_url,
+            redis_url=REDIS_URL,
+            broker_url=REDIS_URL,
+            result_backend=REDIS_URL,
+            count_queue=queue,
+            models_file=str(MODELS),
+            count_timeout_s=10.0,
+        )
+        ping_app = make_celery_app(settings.counting, default_timeout_s=10.0)
+        worker.wait_ready(ping_app)
+        ping_app.close()
+        server = ThreadServer(create_app(settings=settings))
+        yield {
+            "url": server.url,
+            "token": token,
+            "fleet": fleet,
+            "collector": collector,
+            "exporter": exporter,
+            "worker_metrics": f"http://127.0.0.1:{worker_port}/metrics",
+            "worker": worker,
+        }
+    finally:
+        if server is not None:
+            server.stop()
+        if worker is not None:
+            worker.stop()
+        exporter.shutdown()
+        collector.close()
+        drop_pg_database(name)
+
+
+def long_request(words: int) -> dict[str, Any]:
+    return {"messages": [{"role": "user", "content": "the quick brown fox jumps over the lazy dog " * words}]}
+
+
+def test_one_http_observe_is_one_trace_across_the_celery_worker(stack):
+    exporter, collector = stack["exporter"], stack["collector"]
+    exporter.clear()
+    sid = f"otel-{uuid.uuid4().hex[:8]}"
+    fleet_id = stack["fleet"]["fleet_id"]
+    with httpx.Client(base_url=stack["url"], headers={"Authorization": f"Bearer {stack['token']}"}, timeout=60) as c:
+        # ~36k tokens of a 40k window (less the reply and margin): over the compact level → an attempt opens
+        r = c.post(
+            f"/v1/sessions/{sid}/observe",
+            json={"request": long_request(3300), "model": MODEL, "basis": "msg-1"},
+        )
+        assert r.status_code == 200, r.text
+        decision = r.json()
+        assert decision["action"] == "compact", decision
+        attempt = decision["attempt"]
+        # a refused commit (wrong fencing token) carries its error code
+        r = c.post(
+            f"/v1/sessions/{sid}/compactions/{attempt['attempt_id']}/commit",
+            json={"fencing_token": attempt["fencing_token"] + 7, "tokens_after": 1000},
+        )
+        assert r.status_code == 409, r.text
+        code = r.json()["code"]
+
+    # a server span ends just after its response is sent: wait until both requests' have
+    mine = finished(exporter, lambda spans: sum(s["name"].startswith("POST /v1/") for s in spans) >= 2)
+    http = [s for s in mine if s["name"] == "POST /v1/sessions/{session_id}/observe"]
+    assert len(http) == 1, "\n".join(
+        str((s["name"], s["span_id"], s["parent_id"], s["trace_id"][:6], s["attributes"])) for s in mine
+    )
+    trace_id = http[0]["trace_id"]
+    in_trace = {s["name"]: s for s in mine if s["trace_id"] == trace_id}
+    for name in ("tracker.observe", "tracker.count", "tracker.coordination", "tracker.decide", "tracker.append"):
+        assert name in in_trace, (name, sorted(in_trace))
+    observe, count = in_trace["tracker.observe"], in_trace["tracker.count"]
+    # the tree: HTTP > [the framework's span of the endpoint] > observe > (count, coordination > (decide, append))
+    assert http[0]["span_id"] in ancestors(observe, mine)
+    assert count["parent_id"] == observe["span_id"]
+    assert in_trace["tracker.coordination"]["parent_id"] == observe["span_id"]
+    for name in ("tracker.decide", "tracker.append"):
+        assert in_trace[name]["parent_id"] == in_trace["tracker.coordination"]["span_id"]
+
+    # the worker's span, exported by the worker process, is in the same trace under the count span
+    task = [s for s in collector.wait_for("tracker.count_task") if s["trace_id"] == trace_id]
+    assert len(task) == 1, collector.spans
+    assert task[0]["parent_id"] == count["span_id"]
+    assert task[0]["service"] == "tracker-worker"
+    assert task[0]["attributes"]["tracker.count_quality"] == "exact_local"
+    assert task[0]["attributes"]["tracker.model"] == MODEL
+
+    # the attributes
+    assert http[0]["attributes"]["tracker.fleet"] == fleet_id
+    assert http[0]["attributes"]["http.response.status_code"] == 200
+    a = observe["attributes"]
+    assert a["tracker.fleet"] == fleet_id
+    assert a["tracker.session_id"] == f"{fleet_id}:{sid}"
+    assert a["tracker.basis"] == decision["basis"]
+    assert a["tracker.action"] == "compact"
+    assert a["tracker.pressure"] == decision["pressure"]
+    assert a["tracker.occupancy_bp"] == decision["occupancy_bp"]
+    assert a["tracker.attempt_id"] == attempt["attempt_id"]
+    assert a["tracker.count_quality"] == "exact_local"
+    assert count["attributes"]["tracker.count_quality"] == "exact_local"
+    # the refused commit: its own trace, the error code on the command's span and the HTTP span
+    commits = [s for s in mine if s["name"] == "tracker.commit"]
+    assert len(commits) == 1 and commits[0]["trace_id"] != trace_id
+    assert commits[0]["attributes"]["tracker.error_code"] == code
+    assert commits[0]["attributes"]["tracker.attempt_id"] == attempt["attempt_id"]
+    commit_http = [s for s in mine if s["name"] == "POST /v1/sessions/{session_id}/compactions/{attempt_id}/commit"]
+    assert len(commit_http) == 1 and commit_http[0]["span_id"] in ancestors(commits[0], mine)
+    assert commit_http[0]["attributes"]["tracker.error_code"] == code
+    assert commit_http[0]["attributes"]["http.response.status_code"] == 409
+
+
+# -- the shipped dashboard and rules query what is exported -----------------------------------------------
+
+PROMETHEUS_OWN = {"up"}  # made by Prometheus for every scrape target, not by an exporter
+
+
+def queried_metrics() -> set[str]:
+    """Every metric name in the dashboard's and the rules' PromQL expressions."""
+    import yaml
+
+    exprs: list[str] = []
+    rules = yaml.safe_load((DEPLOY / "prometheus" / "alerts.yml").read_text(encoding="utf-8"))
+    for group in rules["groups"]:
+        exprs += [r["expr"] for r in group["rules"]]
+    dashboard = json.loads((DEPLOY / "grafana" / "dashboards" / "tracker.json").read_text(encoding="utf-8"))
+    for panel in dashboard["panels"]:
+        exprs += [t["expr"] for t in panel.get("targets", ())]
+    names = set()
+    for expr in exprs:
+        names |= {n for n in re.findall(r"\b(tracker_[a-z0-9_]+|up)\b", expr)}
+    assert len(exprs) >= 10 and names, exprs
+    return names
+
+
+def exported(text: str) -> set[str]:
+    """Names of the series a /metrics page exposes (histograms' ``_bucket``/``_sum``/``_count`` too)."""
+    out = set()
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            name, kind = line.split()[2:4]
+            out.add(name)
+            if kind == "histogram":
+                out |= {name + "_bucket", name + "_sum", name + "_count"}
+            if kind == "counter" and not name.endswith("_total"):
+                out.add(name + "_total")
+        elif line and not line.startswith("#"):
+            out.add(re.split(r"[{ ]", line, maxsplit=1)[0])
+    return out
+
+
+def test_every_metric_the_dashboard_and_rules_query_is_exported(stack):
+    with httpx.Client(base_url=stack["url"], headers={"Authorization": f"Bearer {stack['token']}"}, timeout=60) as c:
+        r = c.post(
+            f"/v1/sessions/m-{uuid.uuid4().hex[:8]}/observe",
+            json={"request": long_request(50), "model": MODEL, "basis": "m1"},
+        )
+        assert r.status_code == 200, r.text
+        server_page = c.get("/metrics").text
+    worker_page = httpx.get(stack["worker_metrics"], timeout=10).text
+    available = exported(server_page) | exported(worker_page)
+    missing = sorted(queried_metrics() - available - PROMETHEUS_OWN)
+    assert not missing, f"queried but exported by neither the server nor the worker: {missing}"
+    # the worker's own page: this count's latency, by the counter's quality (summed over the pool)
+    assert re.search(r'^tracker_worker_count_duration_seconds_count\{quality="exact_local"\} [1-9]', worker_page, re.M)
+    # the fleet gauges: every pressure of the fleet, from the store
+    fleet = re.escape(stack["fleet"]["name"])
+    for pressure in ("normal", "compact", "hard_limit"):
+        assert re.search(rf'^tracker_sessions\{{fleet="{fleet}",pressure="{pressure}"\}} \d', server_page, re.M)
+    assert re.search(r"^tracker_store_up 1", server_page, re.M)
+
+
+def test_promtool_checks_the_rules():
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool is missing: apt-get install prometheus (.ci/run does)"
+    proc = subprocess.run(
+        [promtool, "check", "rules", str(DEPLOY / "prometheus" / "alerts.yml")], capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "SUCCESS" in proc.stdout
+
+
+# -- JSON logs: parse, carry the ids, hold no secret ----------------------------------------------------
+
+
+def test_json_logs_carry_the_ids_and_no_secrets(tmp_path):
+    from tracker.store import upgrade
+    from tracker.store.engine import make_engine
+    from tracker.store.fleets import FleetStore
+
+    password = f"pw-{uuid.uuid4().hex}"
+    provider_key = f"sk-{uuid.uuid4().hex}"
+    name, url = create_pg_database("ct_logs")
+    plain = _sqlalchemy_url(url)
+    # trust authentication ignores the password, so a URL with one connects like any other
+    from sqlalchemy.engine import make_url
+
+    db_url = make_url(plain).set(username="postgres", password=password).render_as_string(hide_password=False)
+    assert password in db_url
+    collector = Collector()
+    log_path = tmp_path / "serve.log"
+    proc = None
+    try:
+        upgrade(db_url)
+        engine = make_engine(db_url)
+        fleet = FleetStore(engine).create_fleet(f"logs-{uuid.uuid4().hex[:6]}")
+        _, token = FleetStore(engine).create_key(fleet["fleet_id"])
+        engine.dispose()
+        env = {
+            **os.environ,
+            **otel_env(collector, "tracker-api"),
+            "TRACKER_DATABASE_URL": db_url,
+            "TRACKER_LOG_FORMAT": "json",
+            "TRACKER_OPENAI_API_KEY": provider_key,
+        }
+        for var in ("TRACKER_BROKER_URL", "TRACKER_REDIS_URL"):
+            env.pop(var, None)
+        port = free_port()
+        with open(log_path, "wb") as log_file:
+            proc = _start_logged_server(env, port, log_file)
+            with httpx.Client(
+                base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {token}"}, timeout=30
+            ) as c:
+                sid = f"log-{uuid.uuid4().hex[:8]}"
+                r = c.post(
+                    f"/v1/sessions/{sid}/observe",
+                    json={"measurement": {"basis": "m1", "input_tokens": 90_000, "input_limit": 100_000}},
+                )
+                assert r.status_code == 200 and r.json()["action"] == "compact", r.text
+                attempt = r.json()["attempt"]
+                r = c.post(
+                    f"/v1/sessions/{sid}/compactions/{attempt['attempt_id']}/commit",
+                    json={"fencing_token": attempt["fencing_token"], "tokens_after": 1000},
+                )
+                assert r.status_code == 200, r.text
+                assert httpx.get(f"http://127.0.0.1:{port}/v1/sessions", timeout=10).status_code == 401
+            collector.wait_for("tracker.commit")
+            proc.terminate()
+            proc.wait(15)
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        collector.close()
+        drop_pg_database(name)
+
+    text = log_path.read_text(encoding="utf-8")
+    lines = [json.loads(line) for line in text.splitlines() if line.strip()]  # every line is one JSON object
+    assert len(lines) >= 4, text
+    assert all({"ts", "level", "logger", "message"} <= set(x) for x in lines)
+    assert not [x for x in lines if x["level"] in ("warning", "error", "critical")], text
+    decisions = [x for x in lines if x["logger"] == "tracker.service"]
+    observed = [x for x in decisions if x["message"] == "observe: compact"]
+    committed = [x for x in decisions if x["message"] == "commit: ok"]
+    assert observed and committed, decisions
+    internal = f"{fleet['fleet_id']}:{sid}"
+    for x in observed + committed:
+        assert x["fleet"] == fleet["fleet_id"] and x["session_id"] == internal, x
+        assert x["attempt_id"] == attempt["attempt_id"], x
+        assert re.fullmatch(r"[0-9a-f]{32}", x["trace_id"]) and re.fullmatch(r"[0-9a-f]{16}", x["span_id"]), x
+    # the trace id in the log is the trace the collector received for that command
+    traced = {s["trace_id"] for s in collector.spans if s["name"] == "tracker.commit"}
+    assert committed[0]["trace_id"] in traced
+    # no secret in any line: the database password, the API key, the provider key
+    for secret in (password, token, provider_key):
+        assert secret not in text
+    assert "Bearer" not in text
+
+
+def _start_logged_server(env: dict[str, str], port: int, log_file: Any) -> subprocess.Popen:
+    """``tracker serve`` with its stdout and stderr in ``log_file`` (access log on), once /readyz says 200."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tracker.cli", "serve", "--port", str(port)],
+        env=env,
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"tracker serve exited with {proc.returncode}"
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    proc.kill()
+    raise AssertionError("tracker serve did not become ready")
+
+
+def test_the_monitoring_profile_provisions_the_shipped_files():
+    """docker-compose's `monitoring` profile mounts these rules, this dashboard and a datasource."""
+    import yaml
+
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text(encoding="utf-8"))
+    services = compose["services"]
+    for name in ("prometheus", "grafana"):
+        assert services[name]["profiles"] == ["monitoring"]
+    assert "./deploy/prometheus:/etc/prometheus:ro" in services["prometheus"]["volumes"]
+    assert "./deploy/grafana/dashboards:/var/lib/grafana/dashboards:ro" in services["grafana"]["volumes"]
+    assert services["worker"]["environment"]["TRACKER_WORKER_METRICS_PORT"] == "9100"
+    config = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text(encoding="utf-8"))
+    assert config["rule_files"] == ["alerts.yml"]
+    jobs = {job["job_name"] for job in config["scrape_configs"]}
+    assert jobs == {"tracker-api", "tracker-worker"}  # the rules' `up{job="tracker-worker"}`
+    datasource = yaml.safe_load(
+        (DEPLOY / "grafana" / "provisioning" / "datasources" / "prometheus.yml").read_text(encoding="utf-8")
+    )
+    uid = datasource["datasources"][0]["uid"]
+    dashboard = json.loads((DEPLOY / "grafana" / "dashboards" / "tracker.json").read_text(encoding="utf-8"))
+    assert all(p["datasource"]["uid"] == uid for p in dashboard["panels"])
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool is missing: apt-get install prometheus (.ci/run does)"
+    proc = subprocess.run(
+        [promtool, "check", "config", str(DEPLOY / "prometheus" / "prometheus.yml")], capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
