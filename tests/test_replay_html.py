@@ -39,10 +39,10 @@ pytestmark = [
 
 SID = "html-report-1"
 LIMIT = 100_000
-MARKER_COLOURS = {  # tracker/audit/report.py _COLOURS
+MARKER_COLOURS = {  # tracker/audit/chart.py COLOURS (rejected is purple: the hard limit is the only red)
     "committed": (0x2E, 0x7D, 0x32),
-    "rejected": (0xC6, 0x28, 0x28),
-    "count_failed": (0x6A, 0x1B, 0x9A),
+    "rejected": (0x7B, 0x1F, 0xA2),
+    "count_failed": (0x00, 0x83, 0x8F),
     "context_limit": (0x00, 0x00, 0x00),
 }
 USED_BLUE = (0x15, 0x65, 0xC0)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import shutil
 import subprocess
 import sys
@@ -32,7 +31,6 @@ pytestmark = [
 ]
 
 LONG, SHORT = 100_000, 10_000
-BATCH = 500
 MAX_RSS_MB = 250
 MAX_GROWTH_MB = 30  # peak RSS of the long session minus that of the short one
 
@@ -45,103 +43,16 @@ _WRAPPER = (
 
 
 def build_session(url: str, session_id: str, n_events: int, seed: int = 7) -> dict[str, int]:
-    """Append ~n_events core-decided events to one session; returns counts by type."""
-    from tracker.core import (
-        Measurement,
-        Policy,
-        SessionProjector,
-        SessionState,
-        decide_commit,
-        decide_count_failed,
-        decide_measure,
-        decide_reject,
-    )
-    from tracker.errors import CountTimeout
-    from tracker.store import NewEvent, open_store
+    """Append ~n_events core-decided events to one session (the bench's realistic long session)."""
+    from tracker.bench.console import build_session as build
+    from tracker.core import SessionProjector
+    from tracker.store import open_store
 
-    rng = random.Random(seed)
     store = open_store(url, projector=SessionProjector())
-    policy = Policy()
-    state = SessionState(session_id=session_id)
-    limit, tokens, step, version, now = 100_000, 20_000, 0, 0, 1_800_000_000.0
-    pending: list[Any] = []
-    counts: dict[str, int] = {}
-
-    def emit(outcome: Any) -> Any:
-        nonlocal state
-        for e in outcome.events:
-            pending.append(NewEvent(e.TYPE, e.to_data()))
-            counts[e.TYPE] = counts.get(e.TYPE, 0) + 1
-        state = outcome.state
-        return outcome
-
     try:
-        while version + len(pending) < n_events:
-            step += 1
-            now += 0.5
-            broken = step % 400 >= 370  # now and then the compactor fails for a while
-            if step % 97 == 0:
-                emit(
-                    decide_count_failed(
-                        state,
-                        policy,
-                        CountTimeout("no count within 2s", model="gpt-4o"),
-                        model="gpt-4o",
-                        duration_ms=2000,
-                        now=now,
-                    )
-                )
-            else:
-                tokens = min(limit + 4000, tokens + rng.randint(300, 2500))
-                m = Measurement.from_data(
-                    {
-                        "basis": f"r{state.revision}:m{step}",
-                        "input_tokens": tokens,
-                        "input_limit": limit,
-                        "quality": "exact_local",
-                        "model": {"provider": "openai", "name": "gpt-4o"},
-                        "fingerprint": f"{step:064x}",
-                    },
-                    state.revision,
-                )
-                d = emit(decide_measure(state, policy, m, now=now, new_attempt_id=f"{session_id}-a{step}")).decision
-                if d.action == "compact":
-                    now += 1.5
-                    a = d.attempt
-                    if broken:
-                        emit(
-                            decide_reject(
-                                state,
-                                attempt_id=a.attempt_id,
-                                fencing_token=a.fencing_token,
-                                reject_reason="summarizer_error",
-                                now=now,
-                            )
-                        )
-                    else:
-                        tokens = rng.randint(15_000, 35_000)
-                        emit(
-                            decide_commit(
-                                state,
-                                attempt_id=a.attempt_id,
-                                fencing_token=a.fencing_token,
-                                tokens_after=tokens,
-                                now=now,
-                            )
-                        )
-                elif d.action == "context_limit":
-                    tokens = rng.randint(20_000, 30_000)  # the agent dropped its history and started over
-            if len(pending) >= BATCH:
-                store.append(session_id, version, pending)
-                version += len(pending)
-                pending = []
-        if pending:
-            store.append(session_id, version, pending)
-            version += len(pending)
+        return build(store, session_id, n_events, seed)
     finally:
         store.close()
-    counts["total"] = version
-    return counts
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,11 @@ def event_summary(e: Any) -> str:
             + (f" [{d['trigger']}]" if d.get("trigger") else "")
         )
     if e.type == "CompactionStarted":
-        return f"{d['reason']} attempt {d['attempt_id'][:12]} on {d['basis']} ({d['trigger']}), budget {d['history_budget']}"
+        budget = d.get("history_budget")
+        trigger = f" ({d['trigger']})" if d.get("trigger") else ""
+        return f"{d['reason']} attempt {d['attempt_id'][:12]} on {d['basis']}{trigger}" + (
+            "" if budget is None else f", budget {budget}"
+        )
     if e.type == "CompactionCommitted":
         return f"attempt {d['attempt_id'][:12]} committed {d['tokens_before']}→{d['tokens_after']}, now r{d['new_revision']}"
     if e.type == "CompactionRejected":

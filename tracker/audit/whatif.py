@@ -1,4 +1,4 @@
-"""What-if: replay a JSON-lines trace through the decision core, with no database (SPEC §10).
+"""What-if: replay a JSON-lines trace through the decision core, with no database (the README).
 
 Input ops (one JSON object per line):
 
@@ -89,6 +89,8 @@ class WhatIf:
             outcome, out = self._step(op)
         except TrackerError as exc:
             return _error(exc)
+        except (ArithmeticError, RecursionError) as exc:  # a value no decision can use: this line's error only
+            return {"error": f"line {self.line_no}: unusable value ({type(exc).__name__})"}
         # only a well-formed op reaches here: its events are the new truth
         self.state = outcome.state
         if self.keep_events:
@@ -100,9 +102,15 @@ class WhatIf:
     # -- one op --------------------------------------------------------------------------
     def _now(self, op: dict[str, Any]) -> float:
         at = op.get("at", self.line_no)
-        if not (is_int(at) or isinstance(at, float)) or not math.isfinite(at):
-            raise InvalidInput("at", f"must be a number of seconds, got {at!r}")
-        return float(at)
+        if not (is_int(at) or isinstance(at, float)):
+            raise InvalidInput("at", f"must be a number of seconds, got {str(at)[:40]!r}")
+        try:
+            seconds = float(at)
+        except OverflowError:  # an integer too large for a float (hundreds of digits)
+            seconds = math.inf
+        if not math.isfinite(seconds):
+            raise InvalidInput("at", f"must be a finite number of seconds, got {str(at)[:40]}")
+        return seconds
 
     def _next_attempt_id(self) -> str:
         # derived from the folded state, so a refused line or a measure that opens nothing never shifts later ids
