@@ -1,4 +1,4 @@
-"""SPEC §5 (pressure), §6 (decisions) and §3 (policy validation) against the pure decision core.
+"""behaviour.md "Pressure" (pressure), §6 (decisions) and §3 (policy validation) against the pure decision core.
 
 Every decision is a pure function ``(state, input, now, new_attempt_id) -> Outcome``; the
 ``Session`` helper below plays the caller: it records ``outcome.events``, keeps

@@ -1,6 +1,6 @@
-"""SPEC §2-§4 numbers: occupancy, input limits, thresholds, levels, growth trigger, history budget.
+"""behaviour.md "Words", "Thresholds" numbers: occupancy, input limits, thresholds, levels, growth trigger, history budget.
 
-Every number and worked example in SPEC §3/§4 appears here as a unit test.
+Every number and worked example in behaviour.md "Policy"/§4 appears here as a unit test.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def threshold_at(t: float, base: int = 8000, rearm: int = 6000) -> Threshold:
     return resolve_threshold(base, rearm, compaction_threshold=t)
 
 
-# -- fixed constants (SPEC §3) ---------------------------------------------------------------
+# -- fixed constants (behaviour.md "Policy") ---------------------------------------------------------------
 
 
 def test_fixed_constants():
@@ -59,7 +59,7 @@ def test_policy_defaults():
     assert p.attempt_lease_s == 60
 
 
-# -- occupancy (SPEC §2) -----------------------------------------------------------------------
+# -- occupancy (behaviour.md "Words") -----------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -104,7 +104,7 @@ def test_occupancy_rejects_non_integers_and_negatives(used, limit, field):
     assert exc.value.field == field
 
 
-# -- input limit (SPEC §3) ---------------------------------------------------------------------
+# -- input limit (behaviour.md "Policy") ---------------------------------------------------------------------
 
 
 def limit(window, max_output=None, max_input=None, reserved=16384, margin=8192):
@@ -163,7 +163,7 @@ def test_input_limit_edge_just_fits():
     assert limit(30_000, margin=30_000 - 16384 - 1) == 1
 
 
-# -- explicit threshold (SPEC §4.2) -------------------------------------------------------------
+# -- explicit threshold (behaviour.md "Thresholds".2) -------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -245,7 +245,7 @@ def test_default_threshold():
     assert th == Threshold(bp=5000, rearm_bp=2000, source="default")
 
 
-# -- classifier (SPEC §4.2) ------------------------------------------------------------------------
+# -- classifier (behaviour.md "Thresholds".2) ------------------------------------------------------------------------
 
 
 def test_scope_table():
@@ -328,7 +328,7 @@ def test_classifier_invalid_names_the_field(scope, conf, field):
     assert exc.value.field == field
 
 
-# -- levels (SPEC §4.3) -------------------------------------------------------------------------------
+# -- levels (behaviour.md "Thresholds".3) -------------------------------------------------------------------------------
 
 
 def test_levels_spec_examples():
@@ -389,7 +389,7 @@ def test_ceiling_never_caps_the_hard_limit():
     assert lv.compact == 300_000
 
 
-# -- growth trigger (SPEC §4.4) --------------------------------------------------------------------------
+# -- growth trigger (behaviour.md "Thresholds".4) --------------------------------------------------------------------------
 
 
 def test_growth_million_window_d_0_1():
@@ -426,7 +426,7 @@ def test_growth_across_the_ceiling_uses_unclamped_fraction():
     assert growth_fired(1, 600_000, 1_000_000, (300_000, 1_000_000))
 
 
-# -- history budget (SPEC §4.5) -----------------------------------------------------------------------------
+# -- history budget (behaviour.md "Thresholds".5) -----------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("available, overhead", [(100_000, 0), (175_424, 12_345), (1_000_000, 3), (7, 0), (1001, 1)])

@@ -1,4 +1,4 @@
-"""Loop-guard reclaim plan (SPEC §9): worked examples, invariants, bad input."""
+"""Loop-guard reclaim plan (behaviour.md "Loop-guard reclaim plan"): worked examples, invariants, bad input."""
 
 from __future__ import annotations
 

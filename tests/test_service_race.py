@@ -1,4 +1,4 @@
-"""Single-flight across real processes (SPEC §6, last paragraph).
+"""Single-flight across real processes (behaviour.md "Decisions", last paragraph).
 
 16 processes × 200 rounds on ONE session, on Postgres, driven through
 compact pressure, the hard limit, rejections and commits. Then the log is

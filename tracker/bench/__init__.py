@@ -18,6 +18,8 @@ counting    exact encoding vs. tiktoken, in-process      Celery broker
 service     ``Tracker.observe`` with 1/4/16 processes    Postgres + Redis
 http        ``observe`` over ``tracker serve`` vs.       Postgres + Redis
             in-process
+scale       audit reads on 10k/1M(/10M)-event logs       Postgres (scratch databases)
+            (feed, history, tail, pressure filter)
 ==========  ==========================================  ===========================
 
 Where it measures comes from ``Settings.bench`` (see :class:`Targets`); the Postgres server
@@ -112,12 +114,19 @@ def _http(quick: bool, targets: Targets, settings: Settings, result: dict[str, A
     return run_http_bench(targets.pg, targets.redis, quick)
 
 
+def _scale(quick: bool, targets: Targets, settings: Settings, result: dict[str, Any]) -> dict[str, Any]:
+    from tracker.bench.scale import run_scale_bench
+
+    return run_scale_bench(targets.pg, quick)
+
+
 SECTIONS: dict[str, Section] = {
     "core": Section(_core, lambda t: {}),
     "store": Section(_store, lambda t: {"postgres": mask(t.pg)}),
     "counting": Section(_counting, lambda t: {"broker": mask(t.broker)}),
     "service": Section(_service, lambda t: {"postgres": mask(t.pg), "redis": mask(t.redis)}),
     "http": Section(_http, lambda t: {"postgres": mask(t.pg), "redis": mask(t.redis)}),
+    "scale": Section(_scale, lambda t: {"postgres": mask(t.pg)}),
 }
 
 

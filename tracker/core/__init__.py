@@ -35,6 +35,7 @@ from tracker.core.model import (
     Reason,
     Trigger,
     check_session_id,
+    check_text,
     occupancy_bp,
     resolve_input_limit,
 )
@@ -72,11 +73,12 @@ __all__ = [
     "Measurement",
     "ModelRef",
     "check_session_id",
+    "check_text",
     "occupancy_bp",
     "resolve_input_limit",
     "Policy",
     "POLICY_DOCS",
-    # thresholds (SPEC §4)
+    # thresholds (behaviour.md "Thresholds")
     "SCOPE_THRESHOLDS_BP",
     "Levels",
     "Threshold",
@@ -106,7 +108,7 @@ __all__ = [
     "decide_reject",
     "expire_leases",
     "recorded_outcome",
-    # the loop guard (SPEC §9)
+    # the loop guard (behaviour.md "Loop-guard reclaim plan")
     "LoopGuardEntry",
     "ReclaimPlan",
     "plan_reclaim",

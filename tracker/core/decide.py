@@ -1,4 +1,4 @@
-"""Decisions (SPEC §5, §6): functions of (state, input, now) that return new events.
+"""Decisions (behaviour.md "Pressure", "Decisions"): functions of (state, input, now) that return new events.
 
 Nothing here reads a clock, touches I/O or holds globals: ``now`` and new
 attempt ids are passed in as data. Every function returns an ``Outcome`` whose
@@ -23,7 +23,7 @@ from tracker.core.events import (
     MeasurementRefused,
     SessionStarted,
 )
-from tracker.core.model import Action, Basis, Measurement, Pressure, Trigger, is_int, occupancy_bp
+from tracker.core.model import Action, Basis, Measurement, Pressure, Trigger, check_text, is_int, occupancy_bp
 from tracker.core.policy import Policy
 from tracker.core.state import Attempt, SessionState, apply, episode_after
 from tracker.core.thresholds import Levels, growth_fired, history_budget, levels, resolve_threshold
@@ -189,7 +189,7 @@ def _begin(state: SessionState, policy: Policy, now: float) -> tuple[SessionStat
 
 
 def expire_leases(state: SessionState, now: float) -> list[DomainEvent]:
-    """SPEC §6 Lease: attempts open past their lease are rejected as ``lease_expired``."""
+    """behaviour.md "Decisions" Lease: attempts open past their lease are rejected as ``lease_expired``."""
     return [
         CompactionRejected(
             attempt_id=a.attempt_id,
@@ -209,7 +209,7 @@ def _ms(seconds: float) -> int:
 
 
 def _pressure(policy: Policy, before: Pressure, used: int, lv: Levels) -> Pressure:
-    """SPEC §5, rules in order."""
+    """behaviour.md "Pressure", rules in order."""
     if used >= lv.hard:
         return "hard_limit"
     if not policy.automatic:
@@ -233,7 +233,7 @@ def decide_measure(
     scope_confidence: Any = None,
     overhead_tokens: Any = None,
 ) -> Outcome:
-    """One accepted measurement → exactly one action (SPEC §6)."""
+    """One accepted measurement → exactly one action (behaviour.md "Decisions")."""
     # Bad input first: nothing is recorded for it.
     policy_now = state.policy or default_policy
     threshold = resolve_threshold(
@@ -513,6 +513,7 @@ def decide_reject(
         raise InvalidInput(
             "reject_reason", f"must be a non-empty string of at most 200 characters, got {reject_reason!r}"
         )
+    check_text("reject_reason", reject_reason)
     _, events, held = _held(state, attempt_id, fencing_token, now)
     if isinstance(held, TrackerError):
         return outcome(state, events, error=held)

@@ -1,4 +1,4 @@
-"""The domain events of SPEC §8 as typed, versioned records.
+"""The domain events of behaviour.md "Events" as typed, versioned records.
 
 Each event class has a ``TYPE`` (the name stored in the log) and a ``SCHEMA``
 version. ``to_data()`` gives the JSON object stored in the event's ``data``
@@ -9,7 +9,7 @@ Unknown fields from newer writers are ignored, so old readers keep working.
 
 from __future__ import annotations
 
-from dataclasses import MISSING, asdict, dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from typing import Any, ClassVar
 
 from tracker.core.model import Action, Pressure, Trigger
@@ -22,7 +22,9 @@ class DomainEvent:
     SCHEMA: ClassVar[int] = 1
 
     def to_data(self) -> dict[str, Any]:
-        data = asdict(self)
+        # The fields are JSON-native values (no nested dataclasses), so a shallow copy is the
+        # whole conversion (``dataclasses.asdict`` deep-copies: several times slower).
+        data = dict(self.__dict__)
         data["v"] = self.SCHEMA
         return data
 

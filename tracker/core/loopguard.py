@@ -1,4 +1,4 @@
-"""Loop-guard reclaim plan (SPEC §9): what to shrink or drop when an agent loop outgrows its window.
+"""Loop-guard reclaim plan (behaviour.md "Loop-guard reclaim plan"): what to shrink or drop when an agent loop outgrows its window.
 
 Inside one turn an agent loop keeps appending tool calls and tool results. When
 the projected request crosses ``threshold_ratio`` of the available input budget,
@@ -205,7 +205,7 @@ def plan_reclaim(
     protected_tail: int = DEFAULT_PROTECTED_TAIL,
     calibration: float = DEFAULT_CALIBRATION,
 ) -> ReclaimPlan:
-    """Decide what to reclaim, if anything (SPEC §9).
+    """Decide what to reclaim, if anything (behaviour.md "Loop-guard reclaim plan").
 
     ``threshold = floor(avail * threshold_ratio / cal)`` and
     ``low = floor(avail * low_water_ratio / cal)``, exactly, with ``cal =

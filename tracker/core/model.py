@@ -17,6 +17,7 @@ from tracker.errors import ContextLimitUnknown, InvalidInput, InvalidSessionId, 
 
 FULL_SCALE_BP = 10_000
 WINDOW_CEILING = 300_000
+JSON_SAFE_INT = 2**53 - 1  # the largest integer every JSON reader keeps exactly: the bound on counts at every door
 HISTORY_SAFETY_FACTOR_PCT = 95  # HISTORY_SAFETY_FACTOR = 0.95, kept as an integer percentage
 HISTORY_SAFETY_FACTOR = HISTORY_SAFETY_FACTOR_PCT / 100
 MIN_SCOPE_CONFIDENCE = 0.5
@@ -37,6 +38,8 @@ PRESSURES: tuple[Pressure, ...] = ("normal", "compact", "hard_limit")
 ACTIONS: tuple[Action, ...] = ("proceed", "compact", "wait", "context_limit")
 
 _SESSION_ID = re.compile(r"^[A-Za-z0-9._:-]{1,200}$")
+# C0 and C1 control characters (NUL and ESC included) and lone surrogates (not encodable as UTF-8)
+_UNSAFE_TEXT = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -49,6 +52,18 @@ def check_session_id(session_id: Any) -> str:
             + repr(session_id[:40] + ("…" if len(session_id) > 40 else ""))
         )
     return session_id
+
+
+def check_text(field: str, value: Any, max_len: int = 200) -> str:
+    """A name, reason or key given by a caller: 1-``max_len`` characters, no control characters
+    (they would reach an operator's terminal) and no lone surrogates (not text)."""
+    if not isinstance(value, str) or not 0 < len(value) <= max_len:
+        shown = "missing" if value is None else repr(value)[:60]
+        raise InvalidInput(field, f"must be a string of 1-{max_len} characters, got {shown}")
+    bad = _UNSAFE_TEXT.search(value)
+    if bad is not None:
+        raise InvalidInput(field, f"must not contain control characters or lone surrogates, got {bad.group()!r}")
+    return value
 
 
 def is_int(value: Any) -> bool:
@@ -106,16 +121,18 @@ class ModelRef:
         if isinstance(data, ModelRef):
             return data
         if isinstance(data, str):
+            check_text("model", data, 301)
             provider, _, name = data.rpartition("/")
             return cls(provider or "unknown", name)
         if not isinstance(data, dict) or not isinstance(data.get("name"), str):
             raise MalformedMeasurement("must be {'provider': ..., 'name': ...}", field="model")
-        return cls(str(data.get("provider") or "unknown"), data["name"])
+        provider = data.get("provider") or "unknown"
+        return cls(check_text("model.provider", provider, 100), check_text("model.name", data["name"]))
 
 
 @dataclass(frozen=True)
 class Measurement:
-    """One count of one complete request (SPEC §2)."""
+    """One count of one complete request (behaviour.md "Words")."""
 
     basis: Basis
     model: ModelRef
@@ -183,7 +200,7 @@ def resolve_input_limit(
     safety_margin: int,
     model: str = "model",
 ) -> int:
-    """SPEC §3: the input limit of a model under a policy. Fails closed with ContextLimitUnknown."""
+    """behaviour.md "Policy": the input limit of a model under a policy. Fails closed with ContextLimitUnknown."""
     if not isinstance(window, int) or isinstance(window, bool) or window <= 0:
         raise ContextLimitUnknown(f"{model}: no context window known", model=model)
     reserve = reserved_output if max_output_tokens is None else min(reserved_output, max_output_tokens)

@@ -1,4 +1,4 @@
-"""Thresholds, levels, growth trigger and history budget (SPEC §4). Pure integer arithmetic."""
+"""Thresholds, levels, growth trigger and history budget (behaviour.md "Thresholds"). Pure integer arithmetic."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def resolve_threshold(
     scope: Any = None,
     scope_confidence: Any = None,
 ) -> Threshold:
-    """SPEC §4.2: a per-request threshold may only lower ``base_bp``."""
+    """behaviour.md "Thresholds".2: a per-request threshold may only lower ``base_bp``."""
     # validate everything first, so a bad field is an error whichever source would win
     explicit_bp: int | None = None
     if compaction_threshold is not None:
@@ -101,7 +101,7 @@ class Levels:
 
 
 def levels(threshold: Threshold, input_limit: int) -> Levels:
-    """SPEC §4.3: token levels, with the 300k ceiling on the compact and rearm levels only."""
+    """behaviour.md "Thresholds".3: token levels, with the 300k ceiling on the compact and rearm levels only."""
     c, r, L = threshold.bp, threshold.rearm_bp, input_limit
     compact = min(WINDOW_CEILING, ceil_div(c * L, FULL_SCALE_BP))
     rearm = min(ceil_div(r * L, FULL_SCALE_BP), ceil_div(WINDOW_CEILING * r, c))
@@ -114,7 +114,7 @@ def usage_fraction(used: int, input_limit: int) -> Fraction:
 
 
 def growth_fired(turn_delta: float | None, used: int, input_limit: int, prev: tuple[int, int] | None) -> bool:
-    """SPEC §4.4. ``prev`` is (used, input_limit) of the previous measurement at the same revision."""
+    """behaviour.md "Thresholds".4. ``prev`` is (used, input_limit) of the previous measurement at the same revision."""
     if turn_delta is None or prev is None:
         return False
     # f - f_prev >= d, in integers: used/D - pu/pD >= p/q  <=>  q*(used*pD - pu*D) >= p*D*pD
@@ -124,6 +124,6 @@ def growth_fired(turn_delta: float | None, used: int, input_limit: int, prev: tu
 
 
 def history_budget(available: int, overhead: int, threshold_bp: int, base_bp: int) -> int:
-    """SPEC §4.5: max(0, floor((available - overhead) * 0.95 * clamp(C / base, 0, 1)))."""
+    """behaviour.md "Thresholds".5: max(0, floor((available - overhead) * 0.95 * clamp(C / base, 0, 1)))."""
     scale = min(max(Fraction(threshold_bp, base_bp), Fraction(0)), Fraction(1))
     return max(0, math.floor((available - overhead) * Fraction(HISTORY_SAFETY_FACTOR_PCT, 100) * scale))

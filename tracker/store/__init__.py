@@ -1,4 +1,4 @@
-"""The durable event store (SPEC §8): an append-only log per session plus its projection.
+"""The durable event store (behaviour.md "Events"): an append-only log per session plus its projection.
 
     from tracker.store import open_store, NewEvent
     store = open_store("sqlite:///tracker.db", projector=SessionProjector())

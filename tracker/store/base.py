@@ -1,4 +1,4 @@
-"""The event store's value types and interface (SPEC §8: the log is the truth).
+"""The event store's value types and interface (behaviour.md "Events": the log is the truth).
 
 ``EventStore`` is what the rest of the tracker codes against; ``tracker.store.sql``
 implements it on SQLite and PostgreSQL (the fast path there: ``tracker.store.postgres``). A ``Projector`` supplied by the caller
@@ -58,7 +58,10 @@ class AppendResult:
 class Projector(Protocol):
     """Folds a session's events into a JSON-native state dict.
 
-    ``apply`` must be pure and deterministic, and the state must survive a JSON
+    ``apply`` must be pure and deterministic, must read only the event's ``session_id``,
+    ``version``, ``type``, ``data`` and ``idempotency_key`` (on PostgreSQL the state is
+    folded before the append's one statement draws ``position`` and ``recorded_at``, so
+    those are placeholders there), and the state must survive a JSON
     round trip unchanged (dicts with str keys, lists, str, int, float, bool, None):
     the store persists it as JSON and later appends continue from the stored form.
     A projector may also offer ``apply_many(state, events) -> state`` as a faster
@@ -95,7 +98,12 @@ class EventStore(Protocol):
         events: Sequence[NewEvent],
         *,
         idempotency_key: str | None = None,
-    ) -> AppendResult: ...
+        projected: dict[str, Any] | None = None,
+    ) -> AppendResult:
+        """``projected``: the projection state after these events, when the caller already has
+        it (it must equal the projector's fold; ``tracker verify`` checks). Raises
+        ``ConcurrencyConflict`` (with ``current_state`` when known) on a stale version."""
+        ...
 
     def find_idempotent(self, session_id: str, idempotency_key: str) -> AppendResult | None:
         """The earlier append made with this key (``replayed=True``), or None."""
@@ -125,8 +133,17 @@ class EventStore(Protocol):
         ...
 
     def list_sessions(
-        self, *, pressure: str | None = None, active_since: datetime | None = None, limit: int = 1000
-    ) -> list[dict[str, Any]]: ...
+        self,
+        *,
+        pressure: str | None = None,
+        active_since: datetime | None = None,
+        limit: int = 1000,
+        session_prefix: str | None = None,
+        after: tuple[datetime, str] | None = None,
+    ) -> list[dict[str, Any]]:
+        """Projection rows, most recently updated first, then by id; ``after`` = the
+        ``(updated_at, session_id)`` of the previous page's last row (keyset paging)."""
+        ...
 
     def session_ids(self) -> Iterator[str]:
         """Every session with a projection row, in id order."""
@@ -140,4 +157,51 @@ class EventStore(Protocol):
         """The session's projection row (``version``, ``state`` and the listing columns), or None."""
         ...
 
+    def session_summary(self, namespace_len: int) -> dict[str, Any]:
+        """Sessions and open attempts by id namespace and pressure, and the oldest open attempt's
+        ``opened_at`` per namespace (the gauges of ``tracker.queries.fleet_gauges``)."""
+        ...
+
     def close(self) -> None: ...
+
+    # narrow reads of one session (the session page, ``tracker.audit.story.read_story``)
+
+    def count_by_type(self, session_id: str, to_version: int | None = None) -> dict[str, int]:
+        """How many events of each type the session has (up to ``to_version``)."""
+        ...
+
+    def read_types(
+        self,
+        session_id: str,
+        types: Sequence[str],
+        from_version: int = 1,
+        to_version: int | None = None,
+        *,
+        limit: int | None = None,
+    ) -> Iterator[StoredEvent]:
+        """The session's events of ``types`` in a version range, in version order, at most ``limit``."""
+        ...
+
+    def last_of_types(
+        self, session_id: str, types: Sequence[str], count: int = 1, to_version: int | None = None
+    ) -> list[StoredEvent]:
+        """The newest ``count`` events of ``types`` (up to ``to_version``), oldest first."""
+        ...
+
+    def sample_of_type(
+        self, session_id: str, type_: str, points: int, to_version: int | None = None, *, total: int | None = None
+    ) -> list[StoredEvent]:
+        """About ``points`` events of one type spread evenly by rank, always with the first and the last."""
+        ...
+
+    def read_versions(
+        self, session_id: str, versions: Sequence[int], types: Sequence[str] | None = None
+    ) -> list[StoredEvent]:
+        """The session's events at ``versions`` (only of ``types``, if given), in version order."""
+        ...
+
+    def find_by_data(
+        self, session_id: str, types: Sequence[str], key: str, value: str, limit: int = 100
+    ) -> list[StoredEvent]:
+        """The session's events of ``types`` whose ``data[key]`` is the string ``value``, in version order."""
+        ...

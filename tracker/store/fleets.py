@@ -29,16 +29,31 @@ from sqlalchemy import insert, select, update
 
 from tracker.errors import FleetExists, InvalidInput, StoreError, UnknownFleet, UnknownKey
 from tracker.store.errors import map_db_errors
-from tracker.store.schema import api_keys, fleets
+from tracker.store.schema import api_keys, fleets, operator_keys
 
-__all__ = ["FLEET_ID_LEN", "KEY_ID_LEN", "TOKEN_PREFIX", "FleetStore", "hash_token"]
+__all__ = [
+    "FLEET_ID_LEN",
+    "KEY_ID_LEN",
+    "OPERATOR_TOKEN_PREFIX",
+    "TOKEN_PREFIX",
+    "FleetStore",
+    "hash_token",
+    "session_namespace",
+]
 
 FLEET_ID_LEN = 10
 KEY_ID_LEN = 12
 TOKEN_PREFIX = "ctk_"
+OPERATOR_TOKEN_PREFIX = "cto_"  # operator keys: the console, every fleet (never the /v1 API)
 _FLEET_NAME = re.compile(r"[A-Za-z0-9._-]{1,100}")
 _KEY_ID = re.compile(r"[0-9a-f]{12}")
 _TOKEN = re.compile(r"ctk_([0-9a-f]{12})_([A-Za-z0-9_-]{20,100})")
+_OPERATOR_TOKEN = re.compile(r"cto_([0-9a-f]{12})_([A-Za-z0-9_-]{20,100})")
+
+
+def session_namespace(fleet_id: str) -> str:
+    """The prefix of a fleet's sessions in the event store: ``"<fleet_id>:"`` (the HTTP API hides it)."""
+    return f"{fleet_id}:"
 
 
 def hash_token(token: str) -> str:
@@ -184,6 +199,11 @@ class FleetStore:
                 return row.fleet_id, now, False
             return row.fleet_id, row.revoked_at, True
 
+        if (
+            self._run("revoke_key", lambda conn: conn.execute(select(k.key_id).where(k.key_id == key_id)).first())
+            is None
+        ):
+            return self.revoke_operator_key(key_id)
         fleet_id, revoked_at, already = self._run("revoke_key", do, write=True)
         with self._lock:
             self._cache.clear()
@@ -224,3 +244,86 @@ class FleetStore:
                     self._cache.clear()
                 self._cache[digest] = (row.fleet_id, now + self.cache_s)
         return row.fleet_id
+
+    # -- operator keys (the console: every fleet) --------------------------------------------
+    def create_operator_key(self) -> tuple[dict[str, Any], str]:
+        """A new operator key: (its record, the token -- shown only now). It signs in to the console
+        and sees every fleet; the ``/v1`` API never accepts it."""
+        key_id = secrets.token_hex(KEY_ID_LEN // 2)
+        token = f"{OPERATOR_TOKEN_PREFIX}{key_id}_{secrets.token_urlsafe(32)}"
+        now = datetime.now(UTC)
+        self._run(
+            "create_operator_key",
+            lambda conn: conn.execute(
+                insert(operator_keys).values(key_id=key_id, token_hash=hash_token(token), created_at=now)
+            ),
+            write=True,
+        )
+        return {"key_id": key_id, "operator": True, "created_at": now.isoformat(), "revoked_at": None}, token
+
+    def list_operator_keys(self) -> list[dict[str, Any]]:
+        k = operator_keys.c
+        stmt = select(k.key_id, k.created_at, k.revoked_at).order_by(k.created_at, k.key_id)
+        rows = self._run("list_operator_keys", lambda conn: conn.execute(stmt).all())
+        return [
+            {
+                "key_id": r.key_id,
+                "operator": True,
+                "created_at": _iso(r.created_at),
+                "revoked_at": _iso(r.revoked_at),
+                "active": r.revoked_at is None,
+            }
+            for r in rows
+        ]
+
+    def revoke_operator_key(self, key_id: str) -> dict[str, Any]:
+        if not isinstance(key_id, str) or not _KEY_ID.fullmatch(key_id):
+            raise InvalidInput("key_id", f"must be {KEY_ID_LEN} hex characters (see `tracker key list --operator`)")
+        now = datetime.now(UTC)
+        k = operator_keys.c
+
+        def do(conn: Any) -> Any:
+            row = conn.execute(select(k.revoked_at).where(k.key_id == key_id)).first()
+            if row is None:
+                raise UnknownKey(f"no key {key_id}", key_id=key_id)
+            if row.revoked_at is None:
+                conn.execute(update(operator_keys).where(k.key_id == key_id).values(revoked_at=now))
+                return now, False
+            return row.revoked_at, True
+
+        revoked_at, already = self._run("revoke_operator_key", do, write=True)
+        return {"key_id": key_id, "operator": True, "revoked_at": _iso(revoked_at), "already_revoked": already}
+
+    def console_identity(self, token: str | None) -> tuple[str, str | None, str] | None:
+        """Who a key signs in to the console as: ``("fleet", fleet_id, key_id)`` for a valid fleet key,
+        ``("operator", None, key_id)`` for a valid operator key, None otherwise (never cached)."""
+        if not token or len(token) > 200:
+            return None
+        m = _OPERATOR_TOKEN.fullmatch(token)
+        if m is None:
+            m = _TOKEN.fullmatch(token)
+            if m is None:
+                return None
+            found = self.key_secret("fleet", m.group(1))
+        else:
+            found = self.key_secret("operator", m.group(1))
+        if found is None or not hmac.compare_digest(found[0], hash_token(token)):
+            return None
+        return ("fleet" if token.startswith(TOKEN_PREFIX) else "operator", found[1], m.group(1))
+
+    def key_secret(self, kind: str, key_id: str) -> tuple[str, str | None] | None:
+        """``(token_hash, fleet_id)`` of a valid (unrevoked) fleet or operator key, else None. The console
+        signs its cookies with the hash, so revoking the key ends every console sign-in made with it."""
+        if not isinstance(key_id, str) or not _KEY_ID.fullmatch(key_id):
+            return None
+        if kind == "operator":
+            o = operator_keys.c
+            stmt = select(o.token_hash, o.revoked_at).where(o.key_id == key_id)
+            row = self._run("key_secret", lambda conn: conn.execute(stmt).first())
+            return (row.token_hash, None) if row is not None and row.revoked_at is None else None
+        if kind == "fleet":
+            k = api_keys.c
+            stmt2 = select(k.token_hash, k.revoked_at, k.fleet_id).where(k.key_id == key_id)
+            row = self._run("key_secret", lambda conn: conn.execute(stmt2).first())
+            return (row.token_hash, row.fleet_id) if row is not None and row.revoked_at is None else None
+        return None

@@ -4,30 +4,34 @@ One ``PgFastPath`` belongs to one ``SqlEventStore`` on PostgreSQL and does the h
 there: appends, ``read_stream`` pages, ``read_all``, ``load`` and ``stream_version``.
 Everything else (idempotency look-ups, listings, verification) goes through SQLAlchemy
 Core in ``tracker.store.sql``. The store keeps what is backend-neutral -- validation, the
-projection cache, folding -- and hands this class a ``project`` callback for the
-projection row (see :meth:`PgFastPath.append`).
+projection cache, folding -- and hands this class the events and the projection row
+(see :meth:`PgFastPath.append`).
 
-Appends take two round trips, each one simple-protocol message (client-side bound,
-psycopg ``ClientCursor``)::
+An append is one round trip: one prepared (server-side bound) statement in autocommit,
+``SELECT … FROM ct_append(…)`` (migration 0003), which does the projection row's
+compare-and-set, draws the positions under the append lock and inserts the events. The
+projection state is folded by the store *before* the call (projectors read only an event's
+type, data and version). When the session is not at the expected version the function
+writes nothing and *returns* the current version and state (``Stale``) -- no error, so a
+lost race leaves nothing in the server log -- and a used idempotency key returns the
+version it was first used at (``Replayed``). Connections stay checked out between calls
+(autocommit) in a small idle stash, so the pool's checkout/reset work is skipped; hot reads
+use them too, prepared as well.
 
-    BEGIN; [SELECT version, state FROM sessions …;] SELECT … FROM ct_append_events(…)
-    SELECT ct_put_session(…); COMMIT
-
-Both server functions come from migration 0001. A conflict fails the statement
-(unique_violation from the insert, CT409 from ``ct_put_session``), which also skips the
-COMMIT queued behind it. Append connections stay checked out between calls (autocommit,
-explicit transactions) in a small idle stash, so the pool's checkout/reset work is
-skipped; hot reads use them too, with prepared (server-side bound) statements.
-
-Faults: a stashed connection idle for more than ``PG_PING_IDLE_S`` is pinged before use;
-a disconnect seen on a connection in use invalidates the engine's pool, and a call that hit a
-dead connection before sending COMMIT is retried once on a fresh one. If the connection
-drops *during* COMMIT nobody can know the outcome: the driver error propagates (the store
-maps it to ``StoreUnavailable``), and a retry with the same idempotency key is safe.
+Faults: before a stashed connection is used, its socket is polled (no round trip): a
+connection the server closed (restart, termination) has an error message or EOF waiting
+there, and is pinged and replaced; one idle for more than ``PG_PING_IDLE_S`` is pinged
+anyway. A disconnect seen on a connection in use invalidates the engine's pool. A failed
+append is retried once on a fresh connection only when that is safe: nothing was sent, or
+the call carries an idempotency key (``ct_append`` checks the key first, so a second run of
+a call that did commit returns ``Replayed``). Otherwise nobody can know whether the
+statement committed: the driver error propagates (the store maps it to
+``StoreUnavailable``), and a retry with the same idempotency key is safe.
 """
 
 from __future__ import annotations
 
+import select
 import threading
 import time
 from collections.abc import Callable
@@ -41,7 +45,7 @@ from sqlalchemy.engine import Engine
 from tracker.store.base import StoredEvent
 from tracker.store.errors import is_unavailable, map_db_errors
 
-__all__ = ["PG_IDLE_APPEND_CONNECTIONS", "PG_PING_IDLE_S", "Appended", "PgFastPath"]
+__all__ = ["PG_IDLE_APPEND_CONNECTIONS", "PG_PING_IDLE_S", "Appended", "PgFastPath", "Replayed", "Stale"]
 
 
 #: A pooled PostgreSQL connection idle for longer than this is pinged before use. (A ping
@@ -50,23 +54,14 @@ PG_PING_IDLE_S = 1.0
 #: idle append connections kept by a store (beyond this they go back to the pool)
 PG_IDLE_APPEND_CONNECTIONS = 8
 
-CONFLICT_SQLSTATE = "CT409"  # raised by ct_put_session: the projection is not at the expected version
-UNIQUE_VIOLATION = "23505"  # ct_append_events: that version or idempotency key is taken
-CONFLICT_SQLSTATES = (CONFLICT_SQLSTATE, UNIQUE_VIOLATION)
 MAX_VERSION = 2**31 - 1
 
 # -- statements (fixed text: no SQL compilation per call) -------------------------------------------
 
-# Appends: client-side bound so that several statements travel in one round trip.
-_PRE_READ = "SELECT version, state::text FROM sessions WHERE session_id = %s::text"
 _APPEND = (
-    "SELECT out_position, out_version, out_recorded_at "
-    "FROM ct_append_events(%s::text, %s::integer, %s::text, %s::text, %s::text)"
+    "SELECT out_status, out_version, out_state, out_positions, out_recorded_at FROM ct_append("
+    "%s::text, %s::integer, %s::text, %s::text, %s::text, %s::text, %s::text, %s::integer, %s::integer, %s::integer)"
 )
-_BEGIN_APPEND = "BEGIN; " + _APPEND
-_BEGIN_PRE_READ_APPEND = "BEGIN; " + _PRE_READ + "; " + _APPEND
-_PUT_SESSION = "SELECT ct_put_session(%s::text, %s::integer, %s::integer, %s::text, %s::text, %s::integer, %s::integer, %s::integer)"
-_PUT_SESSION_COMMIT = _PUT_SESSION + "; COMMIT"
 # Hot reads (server-side bound, prepared by psycopg after a few uses).
 _EVENT_COLS = "position, session_id, version, type, data, recorded_at, idempotency_key"
 _READ_STREAM = (
@@ -84,14 +79,16 @@ _READ_ALL_PREFIX = (
     f"SELECT {_EVENT_COLS} FROM events WHERE position > %s AND starts_with(session_id, %s) "
     "AND txid < pg_snapshot_xmin(pg_current_snapshot())::text::bigint ORDER BY position LIMIT %s"
 )
+# A fleet's feed (prefix "<fleet>:"): the (fleet, position) index reads exactly the page. Written
+# as a closed range on fleet ordered by (fleet, position) so that only that index gives the
+# order: with ``fleet = %s`` the prepared statement's generic plan (which cannot know that a
+# fleet is idle) walks the position index and filters every later event of every fleet.
+_READ_ALL_FLEET = (
+    f"SELECT {_EVENT_COLS} FROM events WHERE fleet >= %(f)s AND fleet <= %(f)s AND position > %(p)s "
+    "AND txid < pg_snapshot_xmin(pg_current_snapshot())::text::bigint ORDER BY fleet, position LIMIT %(n)s"
+)
 _LOAD = "SELECT version, state::text FROM sessions WHERE session_id = %s"
 _STREAM_VERSION = "SELECT coalesce(max(version), 0) FROM events WHERE session_id = %s"
-
-#: ``project(pre_read_row, positions, recorded_at)``: the projection row's
-#: ``(state_json, pressure, revision, occupancy_bp, open_attempts)`` after the append
-#: (all None without a projector). ``pre_read_row`` is ``(version, state_json)`` read in
-#: the append's transaction when ``append(pre_read=True)``, else None.
-ProjectFn = Callable[[tuple[Any, ...] | None, tuple[int, ...], datetime], tuple[Any, ...]]
 
 
 @dataclass(frozen=True)
@@ -102,12 +99,34 @@ class Appended:
     recorded_at: datetime
 
 
-class _Conflict(Exception):
-    """Internal: the stream is not at the expected version."""
+@dataclass(frozen=True)
+class Stale:
+    """Nothing was written: the session is at ``version`` (0: no projection row), whose state
+    JSON is ``state_json`` (None without a projector)."""
+
+    version: int
+    state_json: str | None
+
+
+@dataclass(frozen=True)
+class Replayed:
+    """Nothing was written: the idempotency key was first used by the append starting at ``first_version``."""
+
+    first_version: int
 
 
 class _RetryableDisconnect(Exception):
-    """Internal: an append failed on a dead pooled connection before COMMIT was sent."""
+    """Internal: an append failed on a dead connection, and running it again is safe."""
+
+
+def _has_pending_input(raw: Any) -> bool:
+    """Whether an idle connection's socket has something to read: nothing is expected between
+    autocommit statements, so it is the server's goodbye (an error message, or EOF)."""
+    try:
+        ready, _, _ = select.select([raw.driver_connection.pgconn.socket], [], [], 0)
+    except (OSError, ValueError, psycopg.Error):
+        return True  # closed: let the ping decide
+    return bool(ready)
 
 
 def _event(row: tuple[Any, ...]) -> StoredEvent:
@@ -142,7 +161,7 @@ class PgFastPath:
                 if not self._idle:
                     break
                 raw, since = self._idle.pop()
-            if time.monotonic() - since <= PG_PING_IDLE_S:
+            if time.monotonic() - since <= PG_PING_IDLE_S and not _has_pending_input(raw):
                 return raw, False
             try:
                 alive = self._engine.dialect.do_ping(raw.driver_connection)
@@ -214,7 +233,7 @@ class PgFastPath:
             cur = raw.info[slot] = psycopg.ClientCursor(conn) if client_side else psycopg.Cursor(conn)
         return cur
 
-    def _query(self, what: str, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+    def _query(self, what: str, sql: str, params: tuple[Any, ...] | dict[str, Any]) -> list[tuple[Any, ...]]:
         """One autocommit statement; typed errors; once more if a stashed connection turned out dead."""
         with map_db_errors(what):
             for attempt in (1, 2):
@@ -244,6 +263,9 @@ class PgFastPath:
     def read_all(self, after_position: int, limit: int, session_prefix: str | None) -> list[StoredEvent]:
         if session_prefix is None:
             rows = self._query("read_all", _READ_ALL, (after_position, limit))
+        elif session_prefix.endswith(":") and session_prefix.count(":") == 1:  # exactly one fleet
+            params = {"f": session_prefix[:-1], "p": after_position, "n": limit}
+            rows = self._query("read_all", _READ_ALL_FLEET, params)
         else:
             rows = self._query("read_all", _READ_ALL_PREFIX, (after_position, session_prefix, limit))
         return [_event(r) for r in rows]
@@ -265,25 +287,24 @@ class PgFastPath:
         types_json: str,
         data_json: str,
         key: str | None,
+        put: tuple[Any, ...],
         *,
-        pre_read: bool,
-        project: ProjectFn,
         before_commit: Callable[[str, tuple[int, ...]], None] | None = None,
-    ) -> Appended | None:
-        """Append the events (``types_json``/``data_json``: JSON arrays) and write the projection row.
+    ) -> Appended | Stale | Replayed:
+        """One ``ct_append`` call: the events (``types_json``/``data_json``: JSON arrays) and the
+        projection row ``put`` = ``(state_json, pressure, revision, occupancy_bp, open_attempts)``
+        (all None without a projector).
 
-        Returns None when the stream is not at ``expected`` (or the key is taken): nothing was
-        written, and the store decides between replay and ``ConcurrencyConflict``. Driver
-        errors propagate; the store maps them.
+        Returns ``Appended``; ``Stale`` (nothing written) when the session is not at ``expected``,
+        with its current version and state; ``Replayed`` when the idempotency key was used
+        before. Driver errors propagate; the store maps them.
         """
         try:
-            return self._append_once(session_id, expected, types_json, data_json, key, pre_read, project, before_commit)
+            return self._append_once(session_id, expected, types_json, data_json, key, put, before_commit)
         except _RetryableDisconnect:
-            # The stashed connection was dead (e.g. the server restarted since its last use)
-            # and nothing was committed: once more on a fresh connection.
-            return self._append_once(
-                session_id, expected, types_json, data_json, key, pre_read, project, before_commit, retry=False
-            )
+            # Either nothing was sent (a dead stashed connection), or the call carries an
+            # idempotency key, so that running it again returns the first run's outcome.
+            return self._append_once(session_id, expected, types_json, data_json, key, put, before_commit, retry=False)
 
     def _append_once(
         self,
@@ -292,53 +313,40 @@ class PgFastPath:
         types_json: str,
         data_json: str,
         key: str | None,
-        pre_read: bool,
-        project: ProjectFn,
+        put: tuple[Any, ...],
         before_commit: Callable[[str, tuple[int, ...]], None] | None,
         retry: bool = True,
-    ) -> Appended | None:
+    ) -> Appended | Stale | Replayed:
         raw, fresh = self._take()
-        conflict = committing = False
+        sent = False
+        params = (sid, expected, types_json, data_json, key, *put)
         try:
-            cur = self._cursor(raw, client_side=True)
-            try:
-                if pre_read:
-                    cur.execute(_BEGIN_PRE_READ_APPEND, (sid, sid, expected, types_json, data_json, key), prepare=False)
-                    cur.nextset()  # -> the pre-read
-                    row = cur.fetchone()
-                    cur.nextset()  # -> the append
-                    if (row[0] if row else 0) != expected:  # e.g. expected_version ahead of the stream
-                        raise _Conflict()
-                else:
-                    cur.execute(_BEGIN_APPEND, (sid, expected, types_json, data_json, key), prepare=False)
-                    cur.nextset()
-                    row = None
-                rows = cur.fetchall()
-                rows.sort(key=lambda r: r[1])
-                positions = tuple(r[0] for r in rows)
-                recorded_at = rows[0][2].astimezone(UTC)
-                put = (sid, expected, expected + len(rows), *project(row, positions, recorded_at))
-                if before_commit is None:
-                    committing = True
-                    cur.execute(_PUT_SESSION_COMMIT, put, prepare=False)
-                else:
-                    cur.execute(_PUT_SESSION, put)
-                    before_commit(sid, positions)
-                    committing = True
-                    cur.execute("COMMIT")
-            except (psycopg.Error, _Conflict) as exc:
-                if isinstance(exc, psycopg.Error) and exc.sqlstate not in CONFLICT_SQLSTATES:
-                    raise
-                conflict = True
-                cur.execute("ROLLBACK")
+            cur = self._cursor(raw, client_side=False)
+            if before_commit is None:
+                sent = True
+                cur.execute(_APPEND, params, prepare=True)  # autocommit: the statement is the transaction
+                row = cur.fetchone()
+            else:  # the tests' seam: everything written, then the hook, then COMMIT
+                cur.execute("BEGIN")
+                sent = True
+                cur.execute(_APPEND, params, prepare=True)
+                row = cur.fetchone()
+                if row[0] == "ok":
+                    before_commit(sid, tuple(row[3]))
+                cur.execute("COMMIT" if row[0] == "ok" else "ROLLBACK")
         except BaseException as exc:
-            # Broken, or mid-transaction (e.g. the projector raised): never reuse it. Closing
-            # it makes the server roll back whatever this append had written.
+            # Broken, or mid-transaction: never reuse it. Closing it makes the server roll
+            # back whatever this append had written and not committed.
             self._discard(raw)
             if is_unavailable(exc):
                 self.reset_pool()
-                if retry and not fresh and not committing:
+                if retry and not fresh and (not sent or key is not None):
                     raise _RetryableDisconnect() from exc
             raise
         self._put(raw)
-        return None if conflict else Appended(positions, recorded_at)
+        status, version, state_json, positions, recorded_at = row
+        if status == "ok":
+            return Appended(tuple(positions), recorded_at.astimezone(UTC))
+        if status == "replay":
+            return Replayed(version)
+        return Stale(version, state_json)

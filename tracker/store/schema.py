@@ -12,6 +12,8 @@ both backends. Change both together.
               short, because it prefixes every internal session id), unique ``name``.
 ``api_keys``  ``key_id``, ``fleet_id`` → fleets, ``token_hash`` (hex SHA-256),
               ``created_at``, ``revoked_at`` (NULL while the key is valid).
+``operator_keys``  console keys that see every fleet (``tracker key create --operator``):
+              ``key_id``, ``token_hash``, ``created_at``, ``revoked_at`` (migration 0004).
 """
 
 from __future__ import annotations
@@ -102,9 +104,15 @@ events = Table(
     # PostgreSQL only: the appending transaction's id (pg_current_xact_id() as
     # bigint), the commit-order watermark used by read_all. NULL on SQLite.
     Column("txid", BigInteger, nullable=True),
+    # the text before the first ':' of session_id ('' without one): the HTTP API's fleet
+    # (its sessions are "<fleet_id>:<session_id>"); the per-fleet feed reads (fleet, position)
+    Column("fleet", String(200), nullable=False, server_default=""),
     UniqueConstraint("session_id", "version"),
     UniqueConstraint("session_id", "idempotency_key"),
     CheckConstraint("version >= 1", name="version_positive"),
+    Index("ix_events_fleet_position", "fleet", "position"),
+    # one session's events of a type (the session page's narrow reads; migration 0005)
+    Index("ix_events_session_id_type_version", "session_id", "type", "version"),
     sqlite_autoincrement=True,
 )
 
@@ -120,9 +128,10 @@ sessions = Table(
     Column("open_attempts", Integer, nullable=False, server_default="0"),
     Column("created_at", UTCDateTime(), nullable=False),
     Column("updated_at", UTCDateTime(), nullable=False),
-    Index(None, "pressure"),
     Index(None, "updated_at"),
 )
+# a pressure filter reads exactly its page, newest first (replaces an index on pressure alone)
+Index("ix_sessions_pressure_updated_at", sessions.c.pressure, sessions.c.updated_at.desc(), sessions.c.session_id)
 
 
 # -- tenancy: the HTTP API's fleets and their keys (tracker.store.fleets, migration 0002) ----------
@@ -144,4 +153,13 @@ api_keys = Table(
     Column("created_at", UTCDateTime(), nullable=False),
     Column("revoked_at", UTCDateTime(), nullable=True),
     Index(None, "fleet_id"),
+)
+
+operator_keys = Table(
+    "operator_keys",
+    metadata,
+    Column("key_id", String(16), primary_key=True),
+    Column("token_hash", String(64), nullable=False),
+    Column("created_at", UTCDateTime(), nullable=False),
+    Column("revoked_at", UTCDateTime(), nullable=True),
 )

@@ -86,6 +86,8 @@ makes that safe. A forked child never reuses its parent's connections.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import json
 import os
 import re
@@ -94,7 +96,7 @@ from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from sqlalchemy import Text, cast, func, insert, select, update
+from sqlalchemy import Text, and_, case, cast, func, insert, or_, select, update
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.sql import Select
@@ -119,7 +121,7 @@ from tracker.store.base import (
     StoredEvent,
 )
 from tracker.store.errors import map_db_errors
-from tracker.store.postgres import PgFastPath
+from tracker.store.postgres import PgFastPath, Replayed, Stale
 from tracker.store.schema import events as events_t
 from tracker.store.schema import sessions as sessions_t
 
@@ -134,6 +136,17 @@ BeforeCommit = Callable[[str, tuple[int, ...]], None]
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 _SESSION_PREFIX = re.compile(r"[A-Za-z0-9._:-]{1,200}")
+
+
+#: the ``recorded_at`` a projector sees while the state is folded before the append (it is
+#: drawn by the database in the append's statement, and projectors do not read it)
+_NOT_YET = datetime.fromtimestamp(0, UTC)
+
+
+def fleet_of(session_id: str) -> str:
+    """The ``events.fleet`` of a session: the text before its first ':' ('' without one)."""
+    head, sep, _ = session_id.partition(":")
+    return head if sep else ""
 
 
 def _dumps(value: Any) -> str:
@@ -416,13 +429,24 @@ class SqlEventStore:
         events: Sequence[NewEvent],
         *,
         idempotency_key: str | None = None,
+        projected: dict[str, Any] | None = None,
     ) -> AppendResult:
+        """Append ``events`` at ``expected_version`` (see the module doc).
+
+        ``projected``: the projection state after these events when the caller has already
+        folded it (the service has: it decided on that state); it must be what the projector
+        would fold, and ``tracker verify`` checks that it was. Default: the store folds.
+        """
         types, texts, datas = self._validate(session_id, expected_version, events, idempotency_key)
         try:
             with map_db_errors("append"):
                 if self._pg is not None:
-                    return self._append_pg(self._pg, session_id, expected_version, types, texts, datas, idempotency_key)
-                return self._append_sqlite(session_id, expected_version, types, texts, datas, idempotency_key)
+                    return self._append_pg(
+                        self._pg, session_id, expected_version, types, texts, datas, idempotency_key, projected
+                    )
+                return self._append_sqlite(
+                    session_id, expected_version, types, texts, datas, idempotency_key, projected
+                )
         except StoreError as exc:
             if not isinstance(exc, ConcurrencyConflict):  # (a conflict leaves every cached version valid)
                 self._states.discard(session_id)
@@ -437,40 +461,61 @@ class SqlEventStore:
         texts: list[str],
         datas: list[dict[str, Any]],
         key: str | None,
+        projected: dict[str, Any] | None,
     ) -> AppendResult:
         proj = self.projector
-        cached_json = self._cache_get(sid, expected) if proj is not None else None
         state: dict[str, Any] | None = None
         state_json: str | None = None
-
-        def project(row: tuple[Any, ...] | None, positions: tuple[int, ...], recorded_at: datetime) -> tuple[Any, ...]:
-            nonlocal state, state_json
-            if proj is None:
-                return (None, None, None, None, None)
-            base = self._base_state(proj, sid, expected, cached_json, row)
-            state = self._new_state(proj, base, sid, positions, expected + 1, types, datas, recorded_at, key)
+        put: tuple[Any, ...] = (None, None, None, None, None)
+        if proj is not None:
+            # The state after the append, folded before the one-statement call: the
+            # projector reads only the events' type, data and version (see ``Projector``).
+            if projected is not None:
+                state = projected
+            else:
+                cached_json = self._cache_get(sid, expected)
+                if cached_json is None:
+                    row = pg.projection_state(sid)
+                    if (row[0] if row else 0) != expected:  # stale, or expected_version ahead of the stream
+                        if key is not None or row is None:
+                            return self._resolve_conflict(sid, expected, key)  # (a replay, perhaps)
+                        raise self._conflict_error(sid, expected, row[0], row[1])
+                    base = self._base_state(proj, sid, expected, None, row)
+                else:
+                    base = json.loads(cached_json)
+                positions = (0,) * len(types)  # not known yet; a projector does not read them
+                state = self._new_state(proj, base, sid, positions, expected + 1, types, datas, _NOT_YET, key)
             state_json = _dumps(state)
-            return (state_json, *_columns(proj, state))
-
-        appended = pg.append(
+            put = (state_json, *_columns(proj, state))
+        out = pg.append(
             sid,
             expected,
             _dumps(types),
             "[" + ",".join(texts) + "]",
             key,
-            pre_read=proj is not None and cached_json is None,
-            project=project,
+            put,
             before_commit=self.before_commit,
         )
-        if appended is None:
+        if isinstance(out, Stale):
+            if out.state_json is not None and out.version != expected:
+                self._cache_put(sid, out.version, out.state_json)
+            raise self._conflict_error(sid, expected, out.version, out.state_json)
+        if isinstance(out, Replayed):
             return self._resolve_conflict(sid, expected, key)
-        last = expected + len(appended.positions)
+        last = expected + len(out.positions)
         if state_json is not None:
             self._cache_put(sid, last, state_json)
-        return AppendResult(sid, expected + 1, last, appended.positions, False, state)
+        return AppendResult(sid, expected + 1, last, out.positions, False, state)
 
     def _append_sqlite(
-        self, sid: str, expected: int, types: list[str], texts: list[str], datas: list[dict[str, Any]], key: str | None
+        self,
+        sid: str,
+        expected: int,
+        types: list[str],
+        texts: list[str],
+        datas: list[dict[str, Any]],
+        key: str | None,
+        projected: dict[str, Any] | None,
     ) -> AppendResult:
         proj = self.projector
         s, e = sessions_t.c, events_t.c
@@ -486,9 +531,10 @@ class SqlEventStore:
                     conn.execute(select(func.coalesce(func.max(e.version), 0)).where(e.session_id == sid)).scalar_one()
                 )
                 if actual != expected or (row[0] if row else 0) != expected:
-                    raise self._conflict_error(sid, expected, actual)
+                    current = row[1] if row is not None and row[0] == actual else None
+                    raise self._conflict_error(sid, expected, actual, current)
                 base = None
-                if proj is not None:
+                if proj is not None and projected is None:
                     base = self._base_state(proj, sid, expected, self._cache_get(sid, expected), row)
                 recorded_at = datetime.now(UTC)
                 params = [
@@ -500,6 +546,7 @@ class SqlEventStore:
                         "recorded_at": recorded_at,
                         "idempotency_key": key if i == 0 else None,
                         "batch_size": len(types) if i == 0 else None,
+                        "fleet": fleet_of(sid),
                     }
                     for i in range(len(types))
                 ]
@@ -509,8 +556,14 @@ class SqlEventStore:
                 last = expected + len(rows)
                 state = state_json = None
                 values: dict[str, Any] = {"version": last, "updated_at": recorded_at, "state": None}
-                if proj is not None and base is not None:
-                    state = self._new_state(proj, base, sid, positions, expected + 1, types, datas, recorded_at, key)
+                if proj is not None:
+                    if projected is not None:
+                        state = projected
+                    else:
+                        assert base is not None
+                        state = self._new_state(
+                            proj, base, sid, positions, expected + 1, types, datas, recorded_at, key
+                        )
                     state_json = _dumps(state)
                     pressure, revision, occupancy, open_attempts = _columns(proj, state)
                     values.update(
@@ -535,19 +588,22 @@ class SqlEventStore:
         return AppendResult(sid, expected + 1, last, positions, False, state)
 
     @staticmethod
-    def _conflict_error(sid: str, expected: int, actual: int) -> TrackerError:
+    def _conflict_error(sid: str, expected: int, actual: int, state_json: str | None = None) -> TrackerError:
         if actual == expected:
             return StoreError(
                 f"session {sid}: the projection row is missing or out of step with the log at version {actual}; "
                 "run `tracker verify`",
                 session_id=sid,
             )
-        return ConcurrencyConflict(
+        conflict = ConcurrencyConflict(
             f"session {sid}: expected version {expected}, but the stream is at {actual}",
             session_id=sid,
             expected=expected,
             actual=actual,
         )
+        if state_json is not None:
+            conflict.current_state = json.loads(state_json)
+        return conflict
 
     # -- idempotency -----------------------------------------------------------------------------
 
@@ -611,7 +667,10 @@ class SqlEventStore:
     def _read_stream(self, session_id: str, from_version: int, to_version: int | None) -> Iterator[StoredEvent]:
         after = from_version - 1
         while to_version is None or after < to_version:
-            page = self._reads.read_stream_page(session_id, after, to_version, READ_BATCH)
+            # Versions have no gaps, so a batch is a closed range: the planner reads exactly it
+            # (an open upper bound made it misestimate and scan every later row of a long stream).
+            upto = after + READ_BATCH if to_version is None else min(to_version, after + READ_BATCH)
+            page = self._reads.read_stream_page(session_id, after, upto, READ_BATCH)
             yield from page
             if len(page) < READ_BATCH:
                 return
@@ -658,13 +717,35 @@ class SqlEventStore:
         return json.loads(text), version
 
     def list_sessions(
-        self, *, pressure: str | None = None, active_since: datetime | None = None, limit: int = 1000
+        self,
+        *,
+        pressure: str | None = None,
+        active_since: datetime | None = None,
+        limit: int = 1000,
+        session_prefix: str | None = None,
+        after: tuple[datetime, str] | None = None,
     ) -> list[dict[str, Any]]:
-        """Projection rows (all columns of ``sessions``), most recently updated first."""
+        """Projection rows (all columns of ``sessions``), most recently updated first (then by id).
+
+        ``session_prefix``: only sessions whose id starts with it (exact, case-sensitive);
+        ``after``: the ``(updated_at, session_id)`` of the last row of the previous page (keyset
+        paging: the rows that come after it in this order).
+        """
         if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
             raise InvalidInput("limit", "must be an integer >= 1")
         if active_since is not None and not isinstance(active_since, datetime):
             raise InvalidInput("active_since", "must be a datetime")
+        if session_prefix is not None and (
+            not isinstance(session_prefix, str) or not _SESSION_PREFIX.fullmatch(session_prefix)
+        ):
+            raise InvalidInput("session_prefix", "must be 1-200 characters of [A-Za-z0-9._:-] or None")
+        if after is not None and not (
+            isinstance(after, tuple)
+            and len(after) == 2
+            and isinstance(after[0], datetime)
+            and isinstance(after[1], str)
+        ):
+            raise InvalidInput("after", "must be an (updated_at datetime, session_id) pair or None")
         s = sessions_t.c
         stmt = select(sessions_t)
         if pressure is not None:
@@ -673,6 +754,14 @@ class SqlEventStore:
             if active_since.tzinfo is None:
                 active_since = active_since.replace(tzinfo=UTC)
             stmt = stmt.where(s.updated_at >= active_since)
+        if session_prefix is not None:
+            # substr, not LIKE: SQLite's LIKE is case-insensitive and '_' is a wildcard
+            stmt = stmt.where(func.substr(s.session_id, 1, len(session_prefix)) == session_prefix)
+        if after is not None:
+            at, sid = after
+            if at.tzinfo is None:
+                at = at.replace(tzinfo=UTC)
+            stmt = stmt.where(or_(s.updated_at < at, and_(s.updated_at == at, s.session_id > sid)))
         stmt = stmt.order_by(s.updated_at.desc(), s.session_id).limit(limit)
         return [dict(r._mapping) for r in self._run("list_sessions", lambda conn: conn.execute(stmt).all())]
 
@@ -716,3 +805,215 @@ class SqlEventStore:
         stmt = select(sessions_t).where(sessions_t.c.session_id == session_id)
         row = self._run("verify", lambda conn: conn.execute(stmt).first())
         return None if row is None else dict(row._mapping)
+
+    # -- gauges (tracker.queries.fleet_gauges, at scrape time) ------------------------------------
+
+    def session_summary(self, namespace_len: int) -> dict[str, Any]:
+        """Where the sessions stand, in two grouped reads of the projection (no state is parsed
+        except of sessions with an attempt open): ``{"pressure": [(namespace, pressure, sessions,
+        open_attempts)], "oldest_open": [(namespace, opened_at)]}``. ``namespace`` is the session
+        id's first ``namespace_len`` characters when a ``:`` follows them, else ``""``.
+        """
+        s = sessions_t.c
+        ns = case(
+            (func.substr(s.session_id, namespace_len + 1, 1) == ":", func.substr(s.session_id, 1, namespace_len)),
+            else_="",
+        ).label("ns")
+        grouped = select(ns, s.pressure, func.count(), func.coalesce(func.sum(s.open_attempts), 0)).group_by(
+            ns, s.pressure
+        )
+        opened = select(s.session_id, s.state).where(s.open_attempts > 0)
+
+        def read(conn: Connection) -> dict[str, Any]:
+            rows = [(r[0], r[1], int(r[2]), int(r[3])) for r in conn.execute(grouped).all()]
+            oldest: dict[str, float] = {}
+            for sid, state in conn.execute(opened):
+                data = json.loads(state) if isinstance(state, str) else state
+                times = [a.get("opened_at") for a in (data or {}).get("open_attempts", ())]
+                times = [t for t in times if isinstance(t, int | float)]
+                if not times:
+                    continue
+                key = sid[:namespace_len] if sid[namespace_len : namespace_len + 1] == ":" else ""
+                oldest[key] = min(oldest.get(key, min(times)), min(times))
+            return {"pressure": rows, "oldest_open": sorted(oldest.items())}
+
+        return self._run("session_summary", read)
+
+    # -- narrow reads of one session (the session page: tracker.audit.story) ----------------------
+    # Each reads only the rows it returns (through the index on (session_id, type, version),
+    # migration 0005), so a page built from them costs about the same on a 100k-event session as
+    # on a 10k one.
+
+    def count_by_type(self, session_id: str, to_version: int | None = None) -> dict[str, int]:
+        """How many events of each type the session has (up to ``to_version``): one grouped read of the index."""
+        check_session_id(session_id)
+        e = events_t.c
+        cond = [e.session_id == session_id, *_upto(to_version)]
+        stmt = select(e.type, func.count()).where(*cond).group_by(e.type)
+        return {str(r[0]): int(r[1]) for r in self._rows("count_by_type", stmt)}
+
+    def read_types(
+        self,
+        session_id: str,
+        types: Sequence[str],
+        from_version: int = 1,
+        to_version: int | None = None,
+        *,
+        limit: int | None = None,
+    ) -> Iterator[StoredEvent]:
+        """The session's events of the given ``types`` from ``from_version`` to ``to_version``
+        (inclusive), in version order, at most ``limit`` of them; fetched in batches."""
+        check_session_id(session_id)
+        kinds = _check_types(types)
+        if not isinstance(from_version, int) or isinstance(from_version, bool) or from_version < 1:
+            raise InvalidInput("from_version", "must be an integer >= 1")
+        _check_version("to_version", to_version)
+        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
+            raise InvalidInput("limit", "must be an integer >= 1 or None")
+        return self._read_types(session_id, kinds, from_version, to_version, limit)
+
+    def _read_types(
+        self, session_id: str, kinds: list[str], from_version: int, to_version: int | None, limit: int | None
+    ) -> Iterator[StoredEvent]:
+        # one ordered walk of the index per type, merged here: with ``type IN (…)`` and a version
+        # range the planners walk (session_id, version) instead and read every event of the session
+        walks = [self._read_type(session_id, k, from_version, to_version, limit) for k in kinds]
+        merged = walks[0] if len(walks) == 1 else heapq.merge(*walks, key=lambda ev: ev.version)
+        return merged if limit is None else itertools.islice(merged, limit)
+
+    def _read_type(
+        self, session_id: str, kind: str, from_version: int, to_version: int | None, limit: int | None
+    ) -> Iterator[StoredEvent]:
+        e = events_t.c
+        after, left = from_version - 1, limit
+        while left is None or left > 0:
+            n = READ_BATCH if left is None else min(READ_BATCH, left)
+            stmt = (
+                select(*_EVENT_COLS)
+                .where(e.session_id == session_id, e.type == kind, e.version > after, *_upto(to_version))
+                .order_by(e.version)
+                .limit(n)
+            )
+            page = [_event(r) for r in self._rows("read_types", stmt)]
+            yield from page
+            if len(page) < n:
+                return
+            after = page[-1].version
+            if left is not None:
+                left -= len(page)
+
+    def last_of_types(
+        self, session_id: str, types: Sequence[str], count: int = 1, to_version: int | None = None
+    ) -> list[StoredEvent]:
+        """The newest ``count`` events of the given ``types`` (up to ``to_version``), oldest first."""
+        check_session_id(session_id)
+        kinds = _check_types(types)
+        _check_version("to_version", to_version)
+        if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= 100_000:
+            raise InvalidInput("count", "must be an integer from 1 to 100000")
+        e = events_t.c
+        stmt = (
+            select(*_EVENT_COLS)
+            .where(e.session_id == session_id, e.type.in_(kinds), *_upto(to_version))
+            .order_by(e.version.desc())
+            .limit(count)
+        )
+        return [_event(r) for r in reversed(self._rows("last_of_types", stmt))]
+
+    def sample_of_type(
+        self, session_id: str, type_: str, points: int, to_version: int | None = None, *, total: int | None = None
+    ) -> list[StoredEvent]:
+        """At most ``points`` + 1 events of one type, spread evenly over the session by rank: the
+        first event of each of ``points`` equal runs, and the last one; in version order. Only the
+        index is scanned to pick them; only the picked rows are read. ``total``: how many events of
+        that type there are up to ``to_version``, when the caller knows (else they are counted)."""
+        check_session_id(session_id)
+        kind = _check_types([type_])[0]
+        _check_version("to_version", to_version)
+        if not isinstance(points, int) or isinstance(points, bool) or not 1 <= points <= 100_000:
+            raise InvalidInput("points", "must be an integer from 1 to 100000")
+        if total is not None and (not isinstance(total, int) or isinstance(total, bool) or total < 0):
+            raise InvalidInput("total", "must be an integer >= 0 or None")
+        e = events_t.c
+        cond = [e.session_id == session_id, e.type == kind, *_upto(to_version)]
+
+        def read(conn: Connection) -> list[StoredEvent]:
+            n = total if total is not None else int(conn.execute(select(func.count()).where(*cond)).scalar_one())
+            if n == 0:
+                return []
+            ranked = select(e.version.label("v"), func.row_number().over(order_by=e.version).label("rn"))
+            r = ranked.where(*cond).subquery().c
+            # rank rn opens a new run when floor((rn-1)·points/n) moves on (integer division on both backends)
+            picked = select(r.v).where(
+                or_(r.rn == 1, r.rn == n, ((r.rn - 1) * points) // n > ((r.rn - 2) * points) // n)
+            )
+            versions = list(conn.execute(picked).scalars())  # then the picked rows only, by their versions
+            out: list[StoredEvent] = []
+            for i in range(0, len(versions), 500):
+                stmt = (
+                    select(*_EVENT_COLS)
+                    .where(e.session_id == session_id, e.version.in_(versions[i : i + 500]))
+                    .order_by(e.version)
+                )
+                out.extend(_event(row) for row in conn.execute(stmt).all())
+            return out
+
+        return self._run("sample_of_type", read)
+
+    def read_versions(
+        self, session_id: str, versions: Sequence[int], types: Sequence[str] | None = None
+    ) -> list[StoredEvent]:
+        """The session's events at the given ``versions`` (only those of ``types``, if given), in version order."""
+        check_session_id(session_id)
+        kinds = None if types is None else _check_types(types)
+        wanted = sorted({v for v in versions if isinstance(v, int) and not isinstance(v, bool) and v >= 1})
+        e = events_t.c
+        out: list[StoredEvent] = []
+        for i in range(0, len(wanted), 500):
+            cond = [e.session_id == session_id, e.version.in_(wanted[i : i + 500])]
+            if kinds is not None:
+                cond.append(e.type.in_(kinds))
+            stmt = select(*_EVENT_COLS).where(*cond).order_by(e.version)
+            out.extend(_event(r) for r in self._rows("read_versions", stmt))
+        return out
+
+    def find_by_data(
+        self, session_id: str, types: Sequence[str], key: str, value: str, limit: int = 100
+    ) -> list[StoredEvent]:
+        """The session's events of the given ``types`` whose ``data[key]`` is the string ``value``,
+        in version order (at most ``limit``). Only events of those types are looked at."""
+        check_session_id(session_id)
+        kinds = _check_types(types)
+        if not isinstance(key, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,63}", key):
+            raise InvalidInput("key", "must be a JSON field name of [A-Za-z0-9_]")
+        if not isinstance(value, str) or len(value) > 1000:
+            raise InvalidInput("value", "must be a string of at most 1000 characters")
+        if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= 10_000:
+            raise InvalidInput("limit", "must be an integer from 1 to 10000")
+        e = events_t.c
+        stmt = (
+            select(*_EVENT_COLS)
+            .where(e.session_id == session_id, e.type.in_(kinds), e.data[key].as_string() == value)
+            .order_by(e.version)
+            .limit(limit)
+        )
+        return [_event(r) for r in self._rows("find_by_data", stmt)]
+
+
+def _upto(to_version: int | None) -> list[Any]:
+    return [] if to_version is None else [events_t.c.version <= to_version]
+
+
+def _check_version(name: str, value: Any) -> None:
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+        raise InvalidInput(name, "must be an integer or None")
+
+
+def _check_types(types: Any) -> list[str]:
+    if isinstance(types, str) or not isinstance(types, Sequence) or not types:
+        raise InvalidInput("types", "must be a non-empty list of event types")
+    kinds = list(dict.fromkeys(types))
+    for t in kinds:
+        if not isinstance(t, str) or not 1 <= len(t) <= MAX_EVENT_TYPE_LEN:
+            raise InvalidInput("types", f"each must be a string of 1-{MAX_EVENT_TYPE_LEN} characters")
+    return kinds
