@@ -669,7 +669,7 @@ def test_bad_requests_name_the_field(raw, field):
     assert info.value.field == field
 
 
-# -- registry: input limits per SPEC §3 ------------------------------------------------------
+# -- registry: input limits per behaviour.md "Policy" ------------------------------------------------------
 
 
 def test_input_limits_per_spec():

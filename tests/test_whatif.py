@@ -1,4 +1,4 @@
-"""``tracker whatif`` (SPEC §10): the CLI as a subprocess and the ``WhatIf`` runner in-process,
+"""``tracker whatif`` (the README): the CLI as a subprocess and the ``WhatIf`` runner in-process,
 plus the example traces in ``examples/``."""
 
 from __future__ import annotations

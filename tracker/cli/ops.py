@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.markup import escape
+from rich.text import Text
 
 from tracker.cli._common import (
     COMPACT_AT,
@@ -19,15 +19,20 @@ from tracker.cli._common import (
     console,
     emit,
     err_console,
+    existing_file,
     fail,
     invalid,
+    plain,
     policy_from_flags,
+    pressure_cell,
     print_table,
     redact,
     settings,
     sqlite_file,
+    styled,
 )
 from tracker.errors import TrackerError
+from tracker.settings import mask
 
 app = typer.Typer()
 db_app = typer.Typer(help="Database schema commands.", no_args_is_help=True)
@@ -54,6 +59,53 @@ def db_upgrade(as_json: bool = typer.Option(False, "--json")) -> None:
 
 
 @app.command()
+def info(as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
+    """Show the effective settings (secrets masked) and where the database is."""
+    s = settings()
+    url = s.store.database_url
+    path = sqlite_file(url)
+    data = {
+        "version": package_version(),
+        "database": {
+            "url": mask(url),
+            "file": None if path is None else str(path.resolve()),
+            "exists": None if path is None else path.exists(),
+        },
+        "settings": {variable: value for variable, value, _ in s.describe()},
+    }
+
+    def human(d: dict[str, Any]) -> None:
+        db = d["database"]
+        if db["file"] is None:
+            where = db["url"]
+        else:
+            where = f"{db['file']} (embedded SQLite{'' if db['exists'] else ', not created yet'})"
+        console.print(f"context-tracker {d['version']}; database: {plain(where)}", soft_wrap=True)
+        print_table(
+            "effective settings (TRACKER_*, secrets masked)",
+            ("variable", "value", "section"),
+            ((v, value, section) for v, value, section in s.describe()),
+        )
+
+    emit(data, as_json, human)
+
+
+def ordinal(n: int) -> str:
+    """1st, 2nd, 3rd, 4th, 11th, 12th, 21st …"""
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+def package_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("context-tracker")
+    except PackageNotFoundError:  # pragma: no cover - running from a source tree without installing
+        return "0+unknown"
+
+
+@app.command()
 def demo(
     workers: int = typer.Option(3, "--workers", help="agent worker processes"),
     sessions_per_worker: int = typer.Option(2, "--sessions", help="sessions per worker process"),
@@ -69,7 +121,8 @@ def demo(
     if not as_json:
         console.print(
             f"[bold]Context Tracker demo[/]: {workers} worker processes × {sessions_per_worker} sessions × "
-            f"{steps} steps, real counting, store and coordination"
+            f"{steps} steps, real counting, store and coordination; one broken compactor and a slow counter "
+            "are staged to show how failures are handled"
         )
     try:
         result = run_demo(
@@ -81,10 +134,9 @@ def demo(
 
 
 def _demo_table(result: dict[str, Any]) -> None:
-    from tracker.audit.format import pressure_markup
-
-    def cells(r: dict[str, Any]) -> tuple[str, ...]:
-        outcome = "[bold red]ContextLimitError[/]" if r["outcome"] == "ContextLimitError" else "[green]finished[/]"
+    def cells(r: dict[str, Any]) -> tuple[Any, ...]:
+        limited = r["outcome"] == "ContextLimitError"
+        outcome = styled("ContextLimitError", "bold red") if limited else styled("finished", "green")
         return (
             r["session_id"],
             str(r["measurements"]),
@@ -92,7 +144,7 @@ def _demo_table(result: dict[str, Any]) -> None:
             str(r["count_failures"]),
             str(r["revision"]),
             f"{r['tokens_now']} / {r['input_limit']}",
-            pressure_markup(r["pressure"]),
+            pressure_cell(r["pressure"]),
             outcome,
         )
 
@@ -110,8 +162,35 @@ def _demo_table(result: dict[str, Any]) -> None:
         ),
         map(cells, result["sessions"]),
     )
-    where = "embedded SQLite" if result["database_url"].startswith("sqlite") else redact(result["database_url"])
-    console.print(f"Recorded in {where}. Try next:")
+    console.print(
+        "[dim]measured: requests counted and decided · compactions ✓/✗: committed / rejected · count failures: "
+        "counts that could not be trusted (recorded, nothing decided on a guess) · revision: compactions "
+        "applied + 1 · tokens now / limit: the last measurement against the model's input limit · pressure: "
+        "normal, compact (over compact_at_bp) or hard_limit · outcome: finished all steps, or stopped by "
+        "ContextLimitError[/]"
+    )
+    staged = result.get("staged") or {}
+    notes = []
+    if staged.get("broken_compactor"):
+        notes.append(
+            f"{', '.join(staged['broken_compactor'])} has a compactor that always fails: its attempts are "
+            "rejected, pressure climbs to hard_limit and the tracker refuses the next request with "
+            "ContextLimitError instead of letting the provider reject it"
+        )
+    if staged.get("slow_counter"):
+        notes.append(
+            f"every {ordinal(staged['slow_every'])} step of {', '.join(staged['slow_counter'])} is counted by a "
+            f"counter that sleeps past count_timeout_s: a recorded CountTimeout (the count failures column)"
+        )
+    if staged.get("manual_compaction"):
+        notes.append(f"{', '.join(staged['manual_compaction'])} asks for one manual compaction part way through")
+    if notes:
+        console.print("[bold]Staged on purpose[/] to show those paths (not faults):")
+        for note in notes:
+            console.print(f"  • {plain(note)}")
+    path = sqlite_file(result["database_url"])
+    where = f"the embedded database {path.resolve()}" if path is not None else redact(result["database_url"])
+    console.print(f"Recorded in {plain(where)} (`tracker info` shows the settings). Try next:", soft_wrap=True)
     first = result["sessions"][0]["session_id"]
     broken = next((r["session_id"] for r in result["sessions"] if r["outcome"] == "ContextLimitError"), first)
     for cmd in (
@@ -128,7 +207,9 @@ def _demo_table(result: dict[str, Any]) -> None:
 
 @app.command()
 def whatif(
-    trace: Path | None = typer.Argument(None, help="JSON-lines trace (default: standard input)"),
+    trace: Path | None = typer.Argument(
+        None, help="JSON-lines trace (default: standard input)", callback=existing_file
+    ),
     compact_at: int | None = COMPACT_AT,
     rearm_below: int | None = REARM_BELOW,
     turn_delta: float | None = TURN_DELTA,
@@ -144,9 +225,6 @@ def whatif(
         policy = policy_from_flags(compact_at, rearm_below, turn_delta, observe_only, max_automatic_per_episode)
     except TrackerError as exc:
         fail(exc)
-    if trace is not None and not trace.exists():
-        err_console.print(f"[bold red]error[/]: trace file {escape(str(trace))} does not exist")
-        raise typer.Exit(2)
     runner = WhatIf(policy=policy, keep_events=False)
     lines = trace.open(encoding="utf-8") if trace is not None else sys.stdin
     if not table:
@@ -174,7 +252,7 @@ def _whatif_rows(runner: Any, lines: Any) -> Any:
         out = runner.step_line(line)
         kind = op.get("op", "?") if isinstance(op, dict) else "?"
         if "error" in out:
-            yield (str(runner.line_no), str(kind), "", "", "", "", "", "", "", f"[red]{out['error']}[/]")
+            yield (str(runner.line_no), str(kind), "", "", "", "", "", "", "", styled(out["error"], "red"))
         elif kind == "measure":
             a = out["action"]
             yield (
@@ -183,14 +261,16 @@ def _whatif_rows(runner: Any, lines: Any) -> Any:
                 f"{op.get('input_tokens')} / {op.get('input_limit')}",
                 str(out["occupancy_bp"]),
                 out["pressure"],
-                f"[{WHATIF_COLOUR.get(a, 'white')}]{a}[/]",
+                styled(a, WHATIF_COLOUR.get(a, "white")),
                 out["trigger"] or "",
                 f"{out['threshold_bp']} ({out['threshold_source']})",
                 f"{out['compact_level']}/{out['rearm_level']}",
                 out["attempt_id"] or "",
             )
         else:
-            res = f"revision {out['revision']}" + ("" if out.get("ok") else f" [red]{out.get('rejected')}[/]")
+            res = Text(f"revision {out['revision']}")
+            if not out.get("ok"):
+                res.append(Text.assemble(" ", styled(out.get("rejected"), "red")))
             yield (str(runner.line_no), kind, "", "", "", "", "", "", "", res)
 
 
@@ -251,3 +331,22 @@ def serve(
     from tracker.http.app import serve as run_server
 
     run_server(host=host, port=port, workers=workers, settings=s, log_level=log_level, access_log=access_log)
+
+
+@app.command("console")
+def console_command(
+    host: str = typer.Option("127.0.0.1", "--host", help="address to bind (loopback by default)"),
+    port: int = typer.Option(8090, "--port", help="TCP port (0: any free port)"),
+) -> None:
+    """The read-only web console on this machine: prints a one-time sign-in link (no key needed)."""
+    if not 0 <= port <= 65535:
+        fail(invalid("port", f"must be between 0 and 65535, got {port}"))
+    s = settings()
+    from tracker.http.app import create_app
+    from tracker.http.console import run_local
+
+    def announce(url: str) -> None:
+        console.print("[bold]Context Tracker console[/] (Ctrl-C stops it). Open this link once to sign in:")
+        print(url, flush=True)
+
+    run_local(create_app(settings=s), host=host, port=port, announce=announce)

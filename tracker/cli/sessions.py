@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import typer
-from rich.markup import escape
 
 from tracker.cli._common import (
     COMPACT_AT,
@@ -21,19 +22,57 @@ from tracker.cli._common import (
     emit,
     err_console,
     fail,
+    identifier,
+    int_between,
     invalid,
+    new_file,
     parse_since,
+    plain,
+    plural,
     policy_from_flags,
+    pressure_cell,
     print_json_lines,
     print_rows,
     print_table,
-    require_database_file,
     settings,
     store_open,
+    styled,
 )
 from tracker.errors import TrackerError
 
 app = typer.Typer()
+
+FLEET = typer.Option(
+    None,
+    "--fleet",
+    help="a fleet's name or id: its HTTP API sessions, by the ids its agents use (session-42)",
+    callback=identifier,
+)
+
+
+class Scope:
+    """A fleet's namespace in the store: session ids in (``internal``) and out (``external``)."""
+
+    def __init__(self, prefix: str = "") -> None:
+        self.prefix = prefix
+
+    def internal(self, session_id: str) -> str:
+        return self.prefix + session_id
+
+    def external(self, session_id: str) -> str:
+        return session_id[len(self.prefix) :] if session_id.startswith(self.prefix) else session_id
+
+
+def _scope(store: Any, fleet: str | None, as_json: bool) -> Scope:
+    """The namespace of ``--fleet`` (by name or id); no namespace without it (ids as stored)."""
+    if fleet is None:
+        return Scope()
+    from tracker.store.fleets import FleetStore, session_namespace
+
+    try:
+        return Scope(session_namespace(FleetStore(store.engine).get_fleet(fleet)["fleet_id"]))
+    except TrackerError as exc:
+        fail(exc, as_json)
 
 
 @app.command()
@@ -47,9 +86,11 @@ def verify(as_json: bool = typer.Option(False, "--json")) -> None:
         print(json.dumps(report, default=str))
     elif report["differences"]:
         for d in report["differences"]:
-            err_console.print(f"[red]differs[/] {d}")
+            err_console.print(f"[red]differs[/] {plain(d)}")
     else:
-        console.print(f"[green]ok[/]: {report['sessions']} sessions, every projection equals the fold of its log")
+        console.print(
+            f"[green]ok[/]: {plural(report['sessions'], 'session')}, every projection equals the fold of its log"
+        )
     if not report["ok"]:
         raise typer.Exit(1)
 
@@ -58,13 +99,15 @@ def verify(as_json: bool = typer.Option(False, "--json")) -> None:
 def observe(
     session_id: str = typer.Argument(..., help="session id"),
     basis: str = typer.Option(
-        ..., "--basis", help="r<revision>:<through>, or a bare 'through' at the current revision"
+        ..., "--basis", help="r<revision>:<through>, or a bare 'through' at the current revision", callback=identifier
     ),
-    input_tokens: int | None = typer.Option(None, "--input-tokens", help="a measurement you counted yourself"),
-    input_limit: int | None = typer.Option(None, "--input-limit"),
+    input_tokens: int | None = typer.Option(
+        None, "--input-tokens", help="a measurement you counted yourself", callback=int_between(0)
+    ),
+    input_limit: int | None = typer.Option(None, "--input-limit", callback=int_between(1)),
     request_file: Path | None = typer.Option(None, "--request", help="JSON file of the complete request to count"),
-    model: str | None = typer.Option(None, "--model", help="model name from the registry"),
-    quality: str = typer.Option("exact_local", "--quality"),
+    model: str | None = typer.Option(None, "--model", help="model name from the registry", callback=identifier),
+    quality: str = typer.Option("exact_local", "--quality", callback=identifier),
     compaction_threshold: float | None = typer.Option(None, "--compaction-threshold"),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
@@ -76,10 +119,11 @@ def observe(
             request = json.loads(request_file.read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
             fail(invalid("request", f"cannot read a JSON request from {request_file}: {exc}"), as_json)
+        except RecursionError:
+            fail(invalid("request", f"{request_file} nests too deeply to read"), as_json)
     s = settings()
     try:
-        require_database_file(s.store.database_url)  # a missing file: a clear message, nothing created
-        tracker = Tracker.from_settings(s)  # checks the schema
+        tracker = Tracker.from_settings(s)  # checks the schema; creates the embedded default on first use
     except TrackerError as exc:
         fail(exc, as_json)
     try:
@@ -89,7 +133,7 @@ def observe(
             )
         else:
             if input_tokens is None or input_limit is None:
-                raise typer.BadParameter("give --request FILE, or --input-tokens and --input-limit")
+                raise invalid("input-tokens", "give --request FILE, or --input-tokens and --input-limit")
             m = {
                 "basis": basis,
                 "input_tokens": input_tokens,
@@ -120,12 +164,15 @@ def observe(
 
 @app.command()
 def sessions(
-    pressure: str | None = typer.Option(None, "--pressure", help="normal | compact | hard_limit"),
-    since: str | None = typer.Option(None, "--since", help="active since: ISO time, or a duration like 15m, 2h, 1d"),
-    limit: int = typer.Option(100, "--limit"),
+    pressure: str | None = typer.Option(None, "--pressure", help="normal | compact | hard_limit", callback=identifier),
+    since: str | None = typer.Option(
+        None, "--since", help="active since: ISO time, or a duration like 15m, 2h, 1d", callback=identifier
+    ),
+    limit: int = typer.Option(100, "--limit", callback=int_between(0)),
+    fleet: str | None = FLEET,
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
-    """List sessions: pressure, occupancy, revision, open attempts, last activity."""
+    """List sessions: pressure, occupancy, revision, open attempts, last activity (--fleet: one fleet's)."""
     from tracker import queries
 
     try:
@@ -134,16 +181,34 @@ def sessions(
         fail(exc, as_json)
     active_since = parse_since(since, as_json) if since else None
     with store_open(as_json) as store:
-        rows = queries.list_sessions(store, pressure=pressure, since=active_since, limit=limit)
+        scope = _scope(store, fleet, as_json)
+        if as_json:  # one JSON array, written as the rows come (constant memory at any --limit)
+            stream_json_array(
+                queries.iter_sessions(
+                    store,
+                    pressure=pressure,
+                    since=active_since,
+                    limit=limit,
+                    prefix=scope.prefix or None,
+                    external=scope.external if scope.prefix else None,
+                )
+            )
+            return
+        rows = queries.list_sessions(
+            store,
+            pressure=pressure,
+            since=active_since,
+            limit=limit,
+            prefix=scope.prefix or None,
+            external=scope.external if scope.prefix else None,
+        )
 
     def table(rows: list[dict[str, Any]]) -> None:
-        from tracker.audit.format import pressure_markup
-
-        def cells(r: dict[str, Any]) -> tuple[str, ...]:
+        def cells(r: dict[str, Any]) -> tuple[Any, ...]:
             occ = r.get("occupancy_bp")
             return (
                 r["session_id"],
-                pressure_markup(r["pressure"]),
+                pressure_cell(r["pressure"]),
                 "" if occ is None else f"{occ / 100:.1f}%",
                 str(r["revision"]),
                 str(r["open_attempts"]),
@@ -152,7 +217,7 @@ def sessions(
             )
 
         print_table(
-            f"{len(rows)} sessions",
+            plural(len(rows), "session"),
             ("session", "pressure", "occupancy", "revision", "open attempts", "events", "last activity"),
             map(cells, rows),
         )
@@ -160,20 +225,58 @@ def sessions(
     emit(rows, as_json, table)
 
 
-def _require_session(store: Any, session_id: str, as_json: bool) -> int:
-    """The session's version, for a session id that is valid and exists (else a clear error and exit 2)."""
-    from tracker import queries
+def stream_json_array(rows: Iterable[dict[str, Any]]) -> None:
+    """``rows`` as one JSON array on stdout, one row per line, written as they come."""
+    out = sys.stdout
+    out.write("[")
+    for i, row in enumerate(rows):
+        out.write(("\n" if i == 0 else ",\n") + json.dumps(row, default=str))
+    out.write("\n]\n")
+    out.flush()
 
+
+def _require_session(store: Any, session_id: str, as_json: bool, scope: Scope | None = None) -> int:
+    """The session's version, for a session id that is valid and exists (else a clear error and exit 2).
+
+    Without ``--fleet``, an unknown id that a fleet's agents use over HTTP gets a hint: ``--fleet NAME``.
+    """
+    from tracker import queries
+    from tracker.errors import UnknownSession
+
+    scope = scope or Scope()
     try:
-        return queries.require_session(store, session_id)
+        return queries.require_session(store, scope.internal(session_id), name=session_id)
+    except UnknownSession as unknown:
+        fleets = [] if scope.prefix else _fleets_with(store, session_id)
+        if not fleets:
+            fail(unknown, as_json)
+        hint = " or ".join(f"--fleet {name}" for name in fleets)
+        message = f"no session {session_id}; a fleet's HTTP session has this id: add {hint}"
+        fail(UnknownSession(message, session_id=session_id, fleets=fleets), as_json)
     except TrackerError as exc:
         fail(exc, as_json)
+
+
+def _fleets_with(store: Any, session_id: str) -> list[str]:
+    """The names of the fleets that have a session ``session_id`` over HTTP."""
+    from tracker import queries
+    from tracker.store.fleets import FleetStore, session_namespace
+
+    found = []
+    for f in FleetStore(store.engine).list_fleets():
+        try:
+            if queries.session_exists(store, session_namespace(f["fleet_id"]) + session_id):
+                found.append(f["name"])
+        except TrackerError:  # too long once namespaced: no fleet can have it
+            continue
+    return found
 
 
 @app.command()
 def history(
     session_id: str = typer.Argument(...),
-    from_version: int = typer.Option(1, "--from-version"),
+    from_version: int = typer.Option(1, "--from-version", callback=int_between(0)),
+    fleet: str | None = FLEET,
     as_json: bool = typer.Option(False, "--json", help="JSON lines, streamed"),
 ) -> None:
     """The audit trail of one session (streams; works on very long sessions)."""
@@ -181,48 +284,61 @@ def history(
     from tracker.audit.format import event_summary
 
     with store_open(as_json) as store:
-        version = _require_session(store, session_id, as_json)
-        events = queries.read_history(store, session_id, from_version)
+        scope = _scope(store, fleet, as_json)
+        version = _require_session(store, session_id, as_json, scope)
+        events = queries.read_history(store, scope.internal(session_id), from_version)
         if as_json:
-            print_json_lines(queries.event_to_dict(e) for e in events)
+            external = scope.external if scope.prefix else None
+            print_json_lines(queries.event_to_dict(e, external=external) for e in events)
             return
         rows = (
-            (str(e.version), e.recorded_at.strftime("%H:%M:%S.%f")[:-3], e.type, escape(event_summary(e)))
+            (str(e.version), e.recorded_at.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3], e.type, event_summary(e))
             for e in events
         )
         print_rows(
-            f"history of {session_id}", ("v", "time", "event", "what happened"), rows, stream=version > TABLE_MAX_ROWS
+            f"history of {session_id}",
+            ("v", "time (UTC)", "event", "what happened"),
+            rows,
+            stream=version > TABLE_MAX_ROWS,
         )
 
 
 @app.command()
 def replay(
     session_id: str = typer.Argument(...),
-    at: int | None = typer.Option(None, "--at", help="stop at this version and show the state then"),
-    html_file: Path | None = typer.Option(None, "--html", help="write a self-contained HTML report here"),
+    at: int | None = typer.Option(
+        None, "--at", help="stop at this version and show the state then", callback=int_between(0)
+    ),
+    html_file: Path | None = typer.Option(
+        None, "--html", help="write a self-contained HTML report here", callback=new_file
+    ),
     compact_at: int | None = COMPACT_AT,
     rearm_below: int | None = REARM_BELOW,
     turn_delta: float | None = TURN_DELTA,
     observe_only: bool = OBSERVE_ONLY,
     max_automatic_per_episode: int | None = MAX_AUTO,
+    fleet: str | None = FLEET,
     as_json: bool = typer.Option(False, "--json", help="JSON lines, streamed"),
 ) -> None:
     """Rebuild a session's state event by event; with policy flags, what-if on the recorded measurements."""
     from tracker import queries
 
     with store_open(as_json) as store:
-        version = _require_session(store, session_id, as_json)
+        scope = _scope(store, fleet, as_json)
+        version = _require_session(store, session_id, as_json, scope)
         stream = version > TABLE_MAX_ROWS
-        events = queries.read_history(store, session_id, 1, at)
+        events = queries.read_history(store, scope.internal(session_id), 1, at)
         if html_file is not None:
-            _replay_html(session_id, events, html_file, as_json)
+            # at the head: the store's narrow reads (the console's page); up to --at: the stream
+            source = (store, scope.internal(session_id)) if at is None or at >= version else events
+            _replay_html(session_id, source, html_file, as_json)
         elif any(
             f is not None
             for f in (compact_at, rearm_below, turn_delta, observe_only or None, max_automatic_per_episode)
         ):
             from tracker.core import Policy
 
-            first = next(iter(queries.read_history(store, session_id, 1, 1)))
+            first = next(iter(queries.read_history(store, scope.internal(session_id), 1, 1)))
             try:
                 policy = policy_from_flags(
                     compact_at,
@@ -240,17 +356,22 @@ def replay(
 
 
 def _replay_html(session_id: str, events: Any, html_file: Path, as_json: bool) -> None:
-    from tracker.audit.report import render_html
+    from tracker.audit.report import render_html, render_store_html
 
-    with html_file.open("w", encoding="utf-8") as fh:
-        counts = render_html(session_id, events, fh)
+    # backslashreplace: a lone surrogate an old writer recorded is written as its escape, not a crash
+    with html_file.open("w", encoding="utf-8", errors="backslashreplace") as fh:
+        if isinstance(events, tuple):
+            counts = render_store_html(events[0], events[1], fh, shown=session_id)
+        else:
+            counts = render_html(session_id, events, fh)
     if as_json:
         print(json.dumps({"html": str(html_file), **counts}))
     else:
         console.print(
-            f"[green]wrote[/] {html_file}: {counts['events']} events, {counts['attempts']} attempts "
-            f"({counts['committed']} committed, {counts['rejected']} rejected), "
-            f"{counts['count_failed']} count failures, {counts['context_limit']} context-limit errors"
+            f"[green]wrote[/] {plain(html_file)}: {plural(counts['events'], 'event')}, "
+            f"{plural(counts['attempts'], 'attempt')} ({counts['committed']} committed, {counts['rejected']} rejected), "
+            f"{plural(counts['count_failed'], 'count failure')}, "
+            f"{plural(counts['context_limit'], 'context-limit error')}"
         )
 
 
@@ -269,17 +390,16 @@ def _replay_whatif(session_id: str, events: Any, policy: Any, as_json: bool, str
             changed += bool(row.get("changed"))
             w = row["whatif"]
             if row["op"] == "measure" and "error" not in w:
-                mark = "[bold yellow]" if row["changed"] else ""
                 yield (
                     str(row["version"]),
                     "measure",
                     row["recorded_action"],
-                    f"{mark}{w['action']}",
+                    styled(w["action"], "bold yellow" if row["changed"] else ""),
                     w["pressure"],
                     f"{w['compact_level']}/{w['rearm_level']}",
                 )
             else:
-                yield (str(row["version"]), row["op"], "", escape(json.dumps(w)), "", "")
+                yield (str(row["version"]), row["op"], "", json.dumps(w), "", "")
 
     print_rows(
         f"what-if for {session_id}: compact at {policy.compact_at_bp}, rearm below {policy.rearm_below_bp}",
@@ -287,7 +407,7 @@ def _replay_whatif(session_id: str, events: Any, policy: Any, as_json: bool, str
         table_rows(),
         stream=stream,
     )
-    console.print(f"{changed} decisions would change under this policy")
+    console.print(f"{plural(changed, 'decision')} would change under this policy")
 
 
 def _replay_states(session_id: str, events: Any, at: int | None, as_json: bool, stream: bool) -> None:
@@ -309,10 +429,10 @@ def _replay_states(session_id: str, events: Any, at: int | None, as_json: bool, 
             yield (
                 str(st.state.version),
                 st.event.type,
-                pressure_markup(st.state.pressure),
+                pressure_cell(st.state.pressure),
                 str(st.state.revision),
                 str(len(st.state.open_attempts)),
-                escape(", ".join(sorted(st.state.exhausted))),
+                ", ".join(sorted(st.state.exhausted)),
             )
 
     print_rows(
@@ -321,18 +441,30 @@ def _replay_states(session_id: str, events: Any, at: int | None, as_json: bool, 
         rows(),
         stream=stream,
     )
-    if last is not None:
-        console.print_json(json.dumps(last.state.to_data()))
+    if last is not None:  # one closing line, not a second rendering (--json has the whole state)
+        st = last.state
+        tokens = f", last measured {st.last.input_tokens} / {st.last.input_limit}" if st.last else ""
+        console.print(
+            f"state at v{st.version}: pressure {pressure_markup(plain(st.pressure))}, revision {st.revision}{tokens}, "
+            f"{plural(len(st.open_attempts), 'open attempt')}, {plural(len(st.exhausted), 'exhausted basis', 'exhausted bases')}"
+        )
 
 
 @app.command()
 def export(
-    since: int = typer.Option(0, "--since", help="global position to resume after (the last one you saw)"),
-    limit: int = typer.Option(0, "--limit", help="stop after this many events (0 = all)"),
+    since: int = typer.Option(
+        0, "--since", help="global position to resume after (the last one you saw)", callback=int_between(0)
+    ),
+    limit: int = typer.Option(0, "--limit", help="stop after this many events (0 = all)", callback=int_between(0)),
+    fleet: str | None = FLEET,
     as_json: bool = typer.Option(False, "--json", help="errors as JSON too (events are always JSON lines)"),
 ) -> None:
-    """All events as JSON lines in global commit order; resumable with --since."""
+    """All events as JSON lines in global commit order; resumable with --since (--fleet: one fleet's)."""
     from tracker import queries
 
     with store_open(as_json) as store:
-        print_json_lines(queries.export_events(store, since, limit))
+        scope = _scope(store, fleet, as_json)
+        if scope.prefix:
+            print_json_lines(queries.export_events(store, since, limit, prefix=scope.prefix, external=scope.external))
+        else:
+            print_json_lines(queries.export_events(store, since, limit))

@@ -34,7 +34,9 @@ placeholder carrying only ``width`` / ``height`` / ``detail`` or a real source
 ``temperature`` …) are not part of what is counted and are ignored.
 
 Anything else is refused with :class:`tracker.errors.InvalidInput` whose
-``field`` is the path of the bad value, e.g. ``messages[3].content[1].text``.
+``field`` is the path of the bad value, e.g. ``messages[3].content[1].text``: among
+it, JSON values (tool arguments, tool input schemas) nested deeper than
+:data:`MAX_NESTING` levels, and text that is not Unicode (a lone surrogate).
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 IMAGE_DETAILS = ("auto", "low", "high")
 _TEXT_TYPES = ("text", "input_text", "output_text")
 _IMAGE_TYPES = ("image", "image_url", "input_image")
+#: how deep a JSON value inside a request (tool arguments, a tool's input schema) may nest
+MAX_NESTING = 64
 
 
 def canonical_json(value: Any) -> str:
@@ -203,6 +207,11 @@ class CanonicalRequest:
             tools = tuple(_parse_tool(t, f"tools[{i}]") for i, t in enumerate(raw_tools))
         request = cls(system=system, messages=messages, tools=tools)
         request.canonical_json()  # any value JSON cannot carry is refused here, not later
+        try:
+            request.fingerprint  # noqa: B018 - encodes as UTF-8: text that is not Unicode is refused here
+        except UnicodeEncodeError:
+            field = _unencodable({k: data.get(k) for k in ("system", "messages", "tools")}, "") or "request"
+            raise InvalidInput(field, "is not valid Unicode text (a lone surrogate)") from None
         return request
 
     # -- canonical form ----------------------------------------------------------------------
@@ -364,6 +373,8 @@ def _parse_result_content(content: Any, field: str) -> tuple[TextPart | ImagePar
         raise InvalidInput(field, f"must be a string, a list of text/image parts or null, got {type(content).__name__}")
     out: list[TextPart | ImagePart] = []
     for i, p in enumerate(content):
+        if isinstance(p, Mapping) and p.get("type") not in (*_TEXT_TYPES, *_IMAGE_TYPES):
+            raise InvalidInput(f"{field}[{i}].type", "a tool result holds only text and image parts")
         part = _parse_part(p, f"{field}[{i}]", "tool")
         if not isinstance(part, (TextPart, ImagePart)):
             raise InvalidInput(f"{field}[{i}].type", "a tool result holds only text and image parts")
@@ -431,6 +442,8 @@ def _tool_call(call_id: Any, name: Any, args: Any, field: str, args_field: str, 
             args = json.loads(args)
         except ValueError:
             return ToolCallPart(call_id, name, args, raw=True)
+        except RecursionError:
+            raise InvalidInput(f"{field}.{args_field}", f"nests deeper than {MAX_NESTING} levels") from None
     _check_json(args, f"{field}.{args_field}")
     return ToolCallPart(call_id, name, _freeze(args))
 
@@ -475,9 +488,11 @@ def _opt_dim(value: Any, field: str) -> int | None:
     return value
 
 
-def _check_json(value: Any, field: str) -> None:
+def _check_json(value: Any, field: str, depth: int = 0) -> None:
     if value is None or isinstance(value, (str, bool, int)):
         return
+    if depth >= MAX_NESTING and isinstance(value, (Mapping, list, tuple)):
+        raise InvalidInput(field, f"nests deeper than {MAX_NESTING} levels")
     if isinstance(value, float):
         if not math.isfinite(value):
             raise InvalidInput(field, f"must be finite, got {value!r}")
@@ -486,13 +501,39 @@ def _check_json(value: Any, field: str) -> None:
         for k, v in value.items():
             if not isinstance(k, str):
                 raise InvalidInput(field, f"object keys must be strings, got {k!r}")
-            _check_json(v, f"{field}.{k}")
+            _check_json(v, f"{field}.{k}", depth + 1)
         return
     if isinstance(value, (list, tuple)):
         for i, v in enumerate(value):
-            _check_json(v, f"{field}[{i}]")
+            _check_json(v, f"{field}[{i}]", depth + 1)
         return
     raise InvalidInput(field, f"is not JSON ({type(value).__name__})")
+
+
+def _unencodable(value: Any, field: str, depth: int = 0) -> str | None:
+    """The path of the first string (or key) in ``value`` that UTF-8 cannot encode, if any."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return field or "request"
+        return None
+    if depth > MAX_NESTING + 8:
+        return None
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            path = f"{field}.{k}" if field else str(k)
+            if isinstance(k, str) and _unencodable(k, path) is not None:
+                return path
+            found = _unencodable(v, path, depth + 1)
+            if found is not None:
+                return found
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            found = _unencodable(v, f"{field}[{i}]", depth + 1)
+            if found is not None:
+                return found
+    return None
 
 
 class _FrozenDict(dict):

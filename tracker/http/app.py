@@ -10,7 +10,9 @@ from typing import Any
 
 from fastapi import FastAPI
 
+from tracker import telemetry
 from tracker.errors import TrackerError
+from tracker.http.console import router as console_router
 from tracker.http.errors import EXCEPTION_HANDLERS
 from tracker.http.middleware import AuthMiddleware, BodyLimitMiddleware, MetricsMiddleware
 from tracker.http.routes import ROUTERS
@@ -54,6 +56,8 @@ def create_app(runtime: Runtime | None = None, settings: Settings | None = None)
     """
     if runtime is None:
         runtime = Runtime(settings if settings is not None else Settings.load())
+    json_logs = runtime.settings.telemetry.log_format == "json"
+    telemetry.configure("tracker-api", log_format="json" if json_logs else None)  # text: uvicorn's own lines
     app = FastAPI(
         title="Context Tracker",
         version=_version(),
@@ -62,12 +66,22 @@ def create_app(runtime: Runtime | None = None, settings: Settings | None = None)
         "`ERROR_STATUS` in tracker/http/errors.py.",
         lifespan=lifespan,
         exception_handlers=EXCEPTION_HANDLERS,
+        # FastAPI's /docs and /redoc pages load their scripts from a CDN (blank offline, and a third
+        # party sees who reads them): off. /openapi.json is served; open it in any OpenAPI viewer.
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.runtime = runtime
     for router in ROUTERS:
         app.include_router(router)
+    app.include_router(console_router)  # the read-only web console, /console
     # the last added is the outermost: metrics (every request) > auth (before any body is read) > body limit
-    app.add_middleware(BodyLimitMiddleware, max_bytes=runtime.settings.api.max_body_bytes, metrics=runtime.metrics)
+    app.add_middleware(
+        BodyLimitMiddleware,
+        max_bytes=runtime.settings.api.max_body_bytes,
+        metrics=runtime.metrics,
+        timeout_s=runtime.settings.api.body_timeout_s,
+    )
     app.add_middleware(AuthMiddleware, runtime=runtime)
     app.add_middleware(MetricsMiddleware, metrics=runtime.metrics)
     return app
@@ -93,6 +107,8 @@ def serve(
     common: dict[str, Any] = dict(
         host=host, port=port, log_level=log_level, access_log=access_log, timeout_graceful_shutdown=5
     )
+    if (settings if settings is not None else Settings.load()).telemetry.log_format == "json":
+        common["log_config"] = None  # uvicorn's lines go to the root logger: JSON, like the tracker's
     if workers <= 1:
         uvicorn.run(create_app(settings=settings), **common)
         return

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Iterator
 from http import HTTPStatus
 from typing import Any
@@ -24,9 +25,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from tracker import telemetry
 from tracker.errors import (
     COUNT_ERRORS,
     AttemptError,
+    BodyTimeout,
     ConcurrencyConflict,
     ContextLimitError,
     CountError,
@@ -41,6 +44,7 @@ from tracker.errors import (
     StoreError,
     StoreUnavailable,
     SummaryTooLarge,
+    TooManyWaits,
     TrackerError,
     Unauthorized,
     UnknownAttempt,
@@ -72,10 +76,12 @@ ERROR_STATUS: dict[type[TrackerError], int] = {
     Unauthorized: 401,  # missing, malformed, unknown or revoked key; checked before the body is read
     NotFound: 404,  # no such route
     MethodNotAllowed: 405,
+    TooManyWaits: 429,  # the fleet's cap on concurrent long-polls (TRACKER_MAX_WAITS_PER_FLEET); with Retry-After
+    BodyTimeout: 408,  # the body did not arrive within TRACKER_BODY_TIMEOUT_S; the connection is closed
     TrackerError: 500,
 }
 
-#: Refusals that are decisions: recorded in the session's log before the answer (SPEC §6, §7).
+#: Refusals that are decisions: recorded in the session's log before the answer (behaviour.md "Decisions", "Counting").
 _RECORDED: tuple[type[TrackerError], ...] = (
     ContextLimitError,
     StaleBasis,
@@ -137,12 +143,28 @@ def markdown_table() -> str:
 # -- the error body -----------------------------------------------------------------------------
 
 
+#: What a 5xx body says instead of the error's own message (which may name hosts, ports and the driver's text).
+GENERIC_MESSAGES: dict[str, str] = {
+    "store_unavailable": "the database is unavailable; nothing was written",
+    "schema_out_of_date": "the database schema is not current; run `tracker db upgrade`",
+    "count_timeout": "no valid count within the count timeout",
+}
+
+
 def error_body(exc: TrackerError, prefix: str | None = None) -> tuple[int, dict[str, Any]]:
-    """``(status, body)`` of an error; ``prefix`` (the caller's ``"<fleet_id>:"``) is removed from it."""
+    """``(status, body)`` of an error; ``prefix`` (the caller's ``"<fleet_id>:"``) is removed from it.
+
+    A 5xx body is the code and a generic message only (the detail is logged, never sent): a
+    database or driver message names hosts, ports and internals a client has no business seeing.
+    """
+    status = status_for(exc)
+    if status >= 500:
+        message = GENERIC_MESSAGES.get(exc.code, "the service cannot answer right now")
+        return status, {"code": exc.code, "error": type(exc).__name__, "message": message}
     body = exc.to_dict()
     if prefix:
         body = _strip(body, prefix)
-    return status_for(exc), json.loads(json.dumps(body, default=str, allow_nan=False))
+    return status, json.loads(json.dumps(body, default=str, allow_nan=False))
 
 
 def _strip(value: Any, prefix: str) -> Any:
@@ -163,8 +185,14 @@ def error_response(
     status, body = error_body(exc, prefix)
     if metrics is not None:
         metrics.errors.labels(exc.code).inc()
+    telemetry.annotate(telemetry.ERROR_CODE, exc.code)
     if status == 401:
         headers = {**(headers or {}), "WWW-Authenticate": "Bearer"}
+    retry_after = exc.details.get("retry_after_s")
+    if isinstance(retry_after, (int, float)):
+        headers = {**(headers or {}), "Retry-After": str(max(1, math.ceil(retry_after)))}
+    if status >= 500:
+        log.warning("answered %s %s: %s %s", status, exc.code, exc.message, exc.details or "")
     return JSONResponse(body, status_code=status, headers=headers)
 
 
@@ -173,10 +201,7 @@ def error_response(
 
 def _answer(request: Request, exc: TrackerError) -> JSONResponse:
     fleet = getattr(request.state, "fleet_id", None)
-    response = error_response(exc, prefix=fleet + ":" if fleet else None, metrics=request.app.state.runtime.metrics)
-    if response.status_code >= 500:
-        log.warning("%s %s -> %s %s: %s", request.method, request.url.path, response.status_code, exc.code, exc.message)
-    return response
+    return error_response(exc, prefix=fleet + ":" if fleet else None, metrics=request.app.state.runtime.metrics)
 
 
 async def on_tracker_error(request: Request, exc: TrackerError) -> JSONResponse:

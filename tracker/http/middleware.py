@@ -9,12 +9,30 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from tracker.errors import PayloadTooLarge, TrackerError, Unauthorized
+import anyio
+
+from tracker import telemetry
+from tracker.errors import BodyTimeout, PayloadTooLarge, TrackerError, Unauthorized
 from tracker.http.errors import error_response
 from tracker.http.schemas import API_PREFIX
 
 if TYPE_CHECKING:  # pragma: no cover
     from tracker.http.runtime import Metrics, Runtime
+
+#: the request methods metrics and spans name; any other method string is ``other`` (labels come from a closed set)
+KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
+
+def method_label(scope: Any) -> str:
+    method = scope.get("method")
+    return method if method in KNOWN_METHODS else "other"
+
+
+def route_label(scope: Any) -> str:
+    """The matched route's template (a closed set: the app's routes), else ``unmatched``."""
+    route = scope.get("route")
+    path = getattr(route, "path", None)
+    return path if isinstance(path, str) and path else "unmatched"
 
 
 class BodyLimitMiddleware:
@@ -25,9 +43,12 @@ class BodyLimitMiddleware:
     ``drain_bytes``) so the client gets to read the 413 instead of a reset connection.
     """
 
-    def __init__(self, app: Any, max_bytes: int, metrics: Metrics | None = None) -> None:
+    def __init__(
+        self, app: Any, max_bytes: int, metrics: Metrics | None = None, timeout_s: float | None = None
+    ) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.timeout_s = timeout_s  # the whole body must arrive within this (None: no bound)
         self.drain_bytes = max(16 * 1024 * 1024, 8 * max_bytes)
         self.metrics = metrics
 
@@ -47,8 +68,19 @@ class BodyLimitMiddleware:
             return
         chunks: list[bytes] = []
         total = 0
+        deadline = None if self.timeout_s is None else anyio.current_time() + self.timeout_s
         while True:
-            message = await receive()
+            try:
+                with anyio.fail_after(None if deadline is None else max(0.0, deadline - anyio.current_time())):
+                    message = await receive()
+            except TimeoutError:
+                exc = BodyTimeout(
+                    f"the request body did not arrive within {self.timeout_s:g} s", limit_s=self.timeout_s
+                )
+                await error_response(exc, metrics=self.metrics, headers={"Connection": "close"})(
+                    {"type": "http"}, receive, send
+                )
+                return
             if message["type"] == "http.disconnect":
                 return
             body = message.get("body", b"")
@@ -127,11 +159,13 @@ class AuthMiddleware:
             await error_response(error, metrics=self.runtime.metrics)(scope, receive, send)
             return
         scope.setdefault("state", {})["fleet_id"] = fleet_id
+        telemetry.annotate(telemetry.FLEET, fleet_id)
         await self.app(scope, receive, send)
 
 
 class MetricsMiddleware:
-    """Request count and latency by method and route template (never the raw path)."""
+    """Request count and latency by method and route template (never the raw path); one span per
+    request (continuing the caller's ``traceparent``), named by the route template."""
 
     def __init__(self, app: Any, metrics: Metrics) -> None:
         self.app = app
@@ -149,11 +183,14 @@ class MetricsMiddleware:
                 status[0] = message["status"]
             await send(message)
 
-        try:
-            await self.app(scope, receive, send_status)
-        finally:
-            route = scope.get("route")
-            template = getattr(route, "path", None) or "unmatched"
-            method = scope.get("method", "?")
-            self.metrics.latency.labels(method, template).observe(time.perf_counter() - started)
-            self.metrics.requests.labels(method, template, str(status[0])).inc()
+        method = method_label(scope)
+        with telemetry.bound(), telemetry.server_span(method, scope.get("headers")) as span:
+            try:
+                await self.app(scope, receive, send_status)
+            finally:
+                template = route_label(scope)
+                self.metrics.latency.labels(method, template).observe(time.perf_counter() - started)
+                self.metrics.requests.labels(method, template, str(status[0])).inc()
+                span.rename(f"{method} {template}")
+                span.set("http.route", template)
+                span.set("http.response.status_code", status[0])

@@ -9,6 +9,7 @@ takes the caller's fleet (:func:`authenticate`) and maps session ids in and out 
     POST /v1/sessions/{session_id}/compactions/{attempt_id}/commit  commit it (tokens_after)
     POST /v1/sessions/{session_id}/compactions/{attempt_id}/reject  reject it (reject_reason)
     GET  /v1/sessions/{session_id}/compactions/{attempt_id}/wait    long-poll until it ends (?timeout=, at most 30 s)
+    GET  /v1/sessions                                               the fleet's sessions, most recently active first (?pressure=&since=&limit=&cursor=)
     GET  /v1/sessions/{session_id}                                  the session's state (the fold of its log)
     GET  /v1/sessions/{session_id}/history                          its events (?from_version=&limit=)
     GET  /v1/events                                                 the fleet's events in global commit order (?after=&limit=)
@@ -19,7 +20,8 @@ takes the caller's fleet (:func:`authenticate`) and maps session ids in and out 
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Path, Query, Request, Security
 from fastapi.responses import JSONResponse, Response
@@ -45,18 +47,17 @@ from tracker.http.schemas import (
     ManualIn,
     ObserveIn,
     RejectIn,
+    SessionsOut,
     SessionStateOut,
     WaitOut,
 )
-
-WAIT_POLL_S = 0.1  # how often a long-poll looks at the session again
 
 # -- dependencies -------------------------------------------------------------------------------
 
 bearer = HTTPBearer(auto_error=False, description="a fleet API key (`tracker key create FLEET`)")
 
 
-def get_runtime(request: Request) -> Runtime:
+async def get_runtime(request: Request) -> Runtime:  # async: no thread is taken for it
     return request.app.state.runtime
 
 
@@ -153,6 +154,31 @@ def observe(body: ObserveIn, caller: CallerDep, runtime: RuntimeDep, session_id:
     return data
 
 
+@sessions.get("", response_model=SessionsOut, responses=responses())
+def list_sessions(
+    caller: CallerDep,
+    runtime: RuntimeDep,
+    pressure: Literal["normal", "compact", "hard_limit"] | None = Query(None),
+    since: datetime | None = Query(None, description="only sessions active at or after this time (ISO 8601)"),
+    limit: int = Query(100, ge=1, le=1000),
+    cursor: str | None = Query(None, min_length=1, max_length=1000, description="`next_cursor` of the previous page"),
+) -> dict[str, Any]:
+    """This fleet's sessions, most recently active first: pressure, occupancy, revision, open attempts,
+    last activity. Page with ``next_cursor`` (keyset: pages never overlap)."""
+    if since is not None and since.tzinfo is None:
+        since = since.replace(tzinfo=UTC)
+    page = queries.sessions_page(
+        runtime.store(),
+        pressure=pressure,
+        since=since,
+        limit=limit,
+        cursor=cursor,
+        prefix=caller.prefix,
+        external=caller.external,
+    )
+    return {"sessions": page.sessions, "next_cursor": page.next_cursor}
+
+
 @sessions.get("/{session_id}", response_model=SessionStateOut, responses=responses(404))
 def session_state(caller: CallerDep, runtime: RuntimeDep, session_id: str = SessionPath) -> dict[str, Any]:
     """The session's state: the fold of its log (pressure, revision, open attempts, last measurement)."""
@@ -233,8 +259,8 @@ def reject(
     return _state_out(caller, state)
 
 
-@compactions.get("/{attempt_id}/wait", response_model=WaitOut, responses=responses(404, 408))
-def wait(
+@compactions.get("/{attempt_id}/wait", response_model=WaitOut, responses=responses(404, 408, 429))
+async def wait(
     caller: CallerDep,
     runtime: RuntimeDep,
     session_id: str = SessionPath,
@@ -244,8 +270,9 @@ def wait(
     ),
 ) -> dict[str, Any]:
     """Long-poll until the attempt ends (an attempt past its lease is recorded as ``lease_expired``).
-    Still open after ``timeout`` seconds: 408 ``wait_timeout`` -- poll again."""
-    outcome = runtime.commands().wait(caller.internal(session_id), attempt_id, timeout=timeout, poll_s=WAIT_POLL_S)
+    Still open after ``timeout`` seconds: 408 ``wait_timeout`` -- poll again. A wait holds no request
+    thread; a fleet may hold ``TRACKER_MAX_WAITS_PER_FLEET`` at once (beyond: 429 with ``Retry-After``)."""
+    outcome = await runtime.waits.wait(caller.fleet_id, caller.internal(session_id), attempt_id, timeout)
     status, _, reason = outcome.partition(":")
     return {"attempt_id": attempt_id, "outcome": outcome, "status": status, "reject_reason": reason or None}
 

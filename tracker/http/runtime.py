@@ -8,12 +8,15 @@ commands through :class:`Commands`, which reports to it, and never count anythin
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from tracker import telemetry
 from tracker.core import check_session_id
+from tracker.core.events import CompactionRejected, ContextMeasured
 from tracker.errors import (
     ContextLimitError,
     CountError,
@@ -24,7 +27,9 @@ from tracker.errors import (
 )
 from tracker.http.errors import error_body
 from tracker.http.schemas import MAX_SESSION_ID
+from tracker.http.waits import Waits
 from tracker.settings import Settings
+from tracker.store.fleets import session_namespace
 
 if TYPE_CHECKING:  # pragma: no cover
     from tracker.core import Attempt, SessionState
@@ -32,7 +37,11 @@ if TYPE_CHECKING:  # pragma: no cover
     from tracker.store.base import EventStore
     from tracker.store.fleets import FleetStore
 
+log = logging.getLogger("tracker.http")
+
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client's own variable, not a tracker setting
+OCCUPANCY_BUCKETS = (1000, 2000, 3000, 4000, 5000, 6000, 7000, 8000, 9000, 9500, 10000)
+GAUGES_TTL_S = 5.0  # fleet gauges are read from the store at most this often per process
 
 
 # -- metrics ------------------------------------------------------------------------------------
@@ -42,7 +51,7 @@ class DomainMetrics:
     """What the commands decided, counted: decisions, count failures, attempts opened and ended."""
 
     def __init__(self, registry: Any) -> None:
-        from prometheus_client import Counter
+        from prometheus_client import Counter, Histogram
 
         r = registry
         self.decisions = Counter("tracker_decisions_total", "Decisions by action", ["action"], registry=r)
@@ -56,6 +65,23 @@ class DomainMetrics:
             ["outcome"],
             registry=r,
         )
+        self.occupancy = Histogram(
+            "tracker_decision_occupancy_bp",
+            "Occupancy (basis points of the input limit) of each recorded measurement, at decision time",
+            registry=r,
+            buckets=OCCUPANCY_BUCKETS,
+        )
+        self.leases_expired = Counter(
+            "tracker_leases_expired_total", "Compaction attempts rejected as lease_expired", registry=r
+        )
+
+    def recorded(self, events: list[Any]) -> None:
+        """Every event a command recorded: measurements (occupancy) and expired leases."""
+        for e in events:
+            if isinstance(e, ContextMeasured):
+                self.occupancy.observe(e.occupancy_bp)
+            elif isinstance(e, CompactionRejected) and e.reject_reason == "lease_expired":
+                self.leases_expired.inc()
 
     def decided(self, result: Result) -> None:
         self.decisions.labels(result.action).inc()
@@ -86,7 +112,7 @@ class Metrics:
     """
 
     def __init__(self) -> None:
-        from prometheus_client import CollectorRegistry, Counter, Histogram
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
@@ -103,6 +129,20 @@ class Metrics:
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
         )
 
+        self.waits_open = Gauge(
+            "tracker_http_waits_open",
+            "wait long-polls open (none holds a request thread)",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+
+        self.gauges: FleetGauges | None = None
+
+    def watch(self, runtime: Runtime) -> None:
+        """Serve the fleet gauges of ``runtime``'s store (read at scrape time)."""
+        self.gauges = FleetGauges(runtime)
+        self.registry.register(self.gauges)
+
     def render(self) -> tuple[bytes, str]:
         from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
@@ -112,8 +152,71 @@ class Metrics:
 
             registry = CollectorRegistry()
             multiprocess.MultiProcessCollector(registry, path=path)
+            if self.gauges is not None:  # read from the store by the process that answers: not summed
+                registry.register(self.gauges)
             return generate_latest(registry), CONTENT_TYPE_LATEST
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class FleetGauges:
+    """Gauges per fleet, read from the store at scrape time (at most every ``GAUGES_TTL_S``).
+
+    ``tracker_sessions{fleet,pressure}``, ``tracker_open_attempts{fleet}``,
+    ``tracker_oldest_open_attempt_age_seconds{fleet}``, and ``tracker_store_up`` (0 when the
+    read failed: the database is down or unmigrated). Fleet labels are fleet names (``none``:
+    sessions outside any fleet); pressures are the core's three.
+    """
+
+    def __init__(self, runtime: Runtime) -> None:
+        self._runtime = runtime
+        self._lock = threading.Lock()
+        self._cached: tuple[float, dict[str, Any] | None] | None = None
+
+    def describe(self) -> list[Any]:
+        return []  # collected on demand only: registering must not read the store
+
+    def read(self) -> dict[str, Any] | None:
+        import time
+
+        from tracker.queries import fleet_gauges
+
+        with self._lock:
+            now = time.monotonic()
+            if self._cached is not None and now - self._cached[0] < GAUGES_TTL_S:
+                return self._cached[1]
+            try:
+                fleets = {f["fleet_id"]: f["name"] for f in self._runtime.fleets().list_fleets()}
+                data: dict[str, Any] | None = fleet_gauges(self._runtime.store(), fleets, time.time())
+            except Exception:  # noqa: BLE001 - any failure to read means the store is not up
+                data = None
+            self._cached = (now, data)
+            return data
+
+    def collect(self) -> Any:
+        from prometheus_client.core import GaugeMetricFamily
+
+        data = self.read()
+        yield GaugeMetricFamily(
+            "tracker_store_up", "1 when the event store answered the gauges' read", 0 if data is None else 1
+        )
+        if data is None:
+            return
+        sessions = GaugeMetricFamily("tracker_sessions", "Sessions by fleet and pressure", labels=["fleet", "pressure"])
+        for fleet, pressure, n in data["sessions"]:
+            sessions.add_metric([fleet, pressure], n)
+        yield sessions
+        opened = GaugeMetricFamily("tracker_open_attempts", "Compaction attempts open, by fleet", labels=["fleet"])
+        oldest = GaugeMetricFamily(
+            "tracker_oldest_open_attempt_age_seconds",
+            "Age of the oldest open compaction attempt, by fleet (0: none open)",
+            labels=["fleet"],
+        )
+        for fleet, n in data["open_attempts"]:
+            opened.add_metric([fleet], n)
+        for fleet, age in data["oldest_open_attempt_age"]:
+            oldest.add_metric([fleet], age)
+        yield opened
+        yield oldest
 
 
 class Commands:
@@ -124,11 +227,14 @@ class Commands:
         self._observer = observer
 
     def _run(self, command: Any, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return command(*args, **kwargs)
-        except TrackerError as exc:
-            self._observer.refused(exc)
-            raise
+        with telemetry.recording() as events:
+            try:
+                return command(*args, **kwargs)
+            except TrackerError as exc:
+                self._observer.refused(exc)
+                raise
+            finally:
+                self._observer.recorded(events)
 
     def observe(self, session_id: str, **kwargs: Any) -> Result:
         result = self._run(self._tracker.observe, session_id, **kwargs)
@@ -155,7 +261,7 @@ class Commands:
         return state
 
     def wait(self, session_id: str, attempt_id: str, **kwargs: Any) -> str:
-        return self._tracker.wait(session_id, attempt_id, **kwargs)
+        return self._run(self._tracker.wait, session_id, attempt_id, **kwargs)
 
 
 # -- the caller ---------------------------------------------------------------------------------
@@ -169,7 +275,7 @@ class Caller:
 
     @property
     def prefix(self) -> str:
-        return self.fleet_id + ":"
+        return session_namespace(self.fleet_id)
 
     def internal(self, session_id: str) -> str:
         if len(session_id) > MAX_SESSION_ID:
@@ -192,12 +298,14 @@ class Runtime:
     def __init__(self, settings: Settings, *, tracker: Tracker | None = None) -> None:
         self.settings = settings
         self.metrics = Metrics()
+        self.metrics.watch(self)
         self._tracker = tracker
         self._owned = tracker is None
         self._commands: Commands | None = None
         self._fleets: FleetStore | None = None
         self._redis: Any = None
         self._lock = threading.Lock()
+        self.waits = Waits(self.tracker, settings.api.max_waits_per_fleet, self.metrics.waits_open)
 
     def tracker(self) -> Tracker:
         t = self._tracker
@@ -247,18 +355,17 @@ class Runtime:
             checks["database"] = {"status": "ok", "schema": head_revision()}
         except TrackerError as exc:
             ready = False
-            checks["database"] = {"status": "error", **error_body(exc)[1]}
+            checks["database"] = {"status": "error", **error_body(exc)[1]}  # code + generic message only
+            log.warning("not ready: database: %s (%s) %s", exc.message, exc.code, exc.details or "")
         if self.settings.coordination.redis_url:
             try:
                 self._redis_client().ping()
                 checks["redis"] = {"status": "ok"}
             except Exception as exc:  # noqa: BLE001 - any failure means "not ready"
                 ready = False
-                checks["redis"] = {
-                    "status": "error",
-                    "code": "redis_unavailable",
-                    "message": f"{type(exc).__name__}: {exc}"[:300],
-                }
+                # the detail (host, port, the client's text) goes to the log, never to the caller
+                log.warning("not ready: redis: %s: %s", type(exc).__name__, exc)
+                checks["redis"] = {"status": "error", "code": "redis_unavailable", "message": "Redis does not answer"}
         else:
             checks["redis"] = {"status": "not_configured"}
         return ready, checks
@@ -276,6 +383,7 @@ class Runtime:
         return self._redis
 
     def close(self) -> None:
+        self.waits.close()
         if self._owned and self._tracker is not None:
             self._tracker.close()
             self._tracker = None

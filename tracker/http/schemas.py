@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model
 
-from tracker.core import Attempt, Decision, SessionState
-from tracker.core.model import Quality
+from tracker.core import Attempt, Decision, SessionState, check_text
+from tracker.core.model import JSON_SAFE_INT, Quality
 from tracker.core.state import LastMeasurement
 from tracker.store import StoredEvent
 from tracker.store.fleets import FLEET_ID_LEN
@@ -29,7 +29,6 @@ WAIT_MAX_S = 30.0
 MAX_INTERNAL_SESSION_ID = 200
 MAX_SESSION_ID = MAX_INTERNAL_SESSION_ID - FLEET_ID_LEN - 1  # 189: "<fleet_id>:" is added on the way in
 SESSION_ID_PATTERN = rf"^[A-Za-z0-9._:-]{{1,{MAX_SESSION_ID}}}$"
-JSON_SAFE_INT = 2**53 - 1
 MAX_POSITION = 2**63 - 1
 MAX_VERSION = 2**31 - 1
 
@@ -37,19 +36,33 @@ MAX_VERSION = 2**31 - 1
 # -- requests -----------------------------------------------------------------------------------
 
 
+def _safe_text(value: str) -> str:
+    """No control characters (they would reach an operator's terminal) and no lone surrogates."""
+    from tracker.errors import InvalidInput
+
+    try:
+        return check_text("text", value, max_len=len(value) or 1)
+    except InvalidInput as exc:
+        raise ValueError(exc.problem) from None
+
+
+SafeText = Annotated[str, AfterValidator(_safe_text)]
+
+
 class _In(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
 class ModelRefIn(_In):
+    # text checked by the service (tracker.core.check_text): in a union, pydantic's error path would name the branch
     provider: str = Field("unknown", min_length=1, max_length=100)
     name: str = Field(..., min_length=1, max_length=200)
 
 
 class MeasurementIn(_In):
-    """A count you made yourself (SPEC §2)."""
+    """A count you made yourself (behaviour.md "Words")."""
 
-    basis: str = Field(
+    basis: SafeText = Field(
         ...,
         min_length=1,
         max_length=220,
@@ -69,35 +82,38 @@ class ObserveIn(_In):
     request: dict[str, Any] | None = Field(
         None, description="the complete LLM request (system, messages, tools) to count"
     )
-    model: str | None = Field(
+    model: SafeText | None = Field(
         None, min_length=1, max_length=200, description="model name from the registry (with request)"
     )
-    basis: str | None = Field(None, min_length=1, max_length=220, description="what the request covers (with request)")
-    compaction_threshold: float | None = Field(
-        None, allow_inf_nan=False, description="per-request threshold; may only lower it"
+    basis: SafeText | None = Field(
+        None, min_length=1, max_length=220, description="what the request covers (with request)"
     )
-    scope: str | None = Field(None, max_length=100)
-    scope_confidence: float | None = Field(None, allow_inf_nan=False)
+    # strict: a string or a boolean is not a number (an integer is)
+    compaction_threshold: float | None = Field(
+        None, strict=True, allow_inf_nan=False, description="per-request threshold; may only lower it"
+    )
+    scope: SafeText | None = Field(None, max_length=100)
+    scope_confidence: float | None = Field(None, strict=True, allow_inf_nan=False)
     overhead_tokens: int | None = Field(None, strict=True, ge=0, le=JSON_SAFE_INT)
-    idempotency_key: str | None = Field(None, min_length=1, max_length=200)
+    idempotency_key: SafeText | None = Field(None, min_length=1, max_length=200)
 
 
 class ManualIn(_In):
-    basis: str | None = Field(None, min_length=1, max_length=220)
+    basis: SafeText | None = Field(None, min_length=1, max_length=220)
     overhead_tokens: int | None = Field(None, strict=True, ge=0, le=JSON_SAFE_INT)
-    idempotency_key: str | None = Field(None, min_length=1, max_length=200)
+    idempotency_key: SafeText | None = Field(None, min_length=1, max_length=200)
 
 
 class CommitIn(_In):
     fencing_token: int = Field(..., strict=True, ge=-JSON_SAFE_INT, le=JSON_SAFE_INT)
     tokens_after: int = Field(..., strict=True, ge=0, le=JSON_SAFE_INT)
-    idempotency_key: str | None = Field(None, min_length=1, max_length=200)
+    idempotency_key: SafeText | None = Field(None, min_length=1, max_length=200)
 
 
 class RejectIn(_In):
     fencing_token: int = Field(..., strict=True, ge=-JSON_SAFE_INT, le=JSON_SAFE_INT)
-    reject_reason: str = Field(..., min_length=1, max_length=200)
-    idempotency_key: str | None = Field(None, min_length=1, max_length=200)
+    reject_reason: SafeText = Field(..., min_length=1, max_length=200)
+    idempotency_key: SafeText | None = Field(None, min_length=1, max_length=200)
 
 
 # -- responses: views of the core's dataclasses -------------------------------------------------
@@ -151,6 +167,24 @@ class HistoryOut(BaseModel):
     events: list[EventOut]  # type: ignore[valid-type]
     next_from_version: int = Field(..., description="from_version for the next page")
     has_more: bool
+
+
+class SessionRowOut(BaseModel):
+    """One session of the fleet's listing (``tracker.queries.sessions_page``)."""
+
+    session_id: str = Field(..., description="the session id as the agent knows it")
+    version: int = Field(..., description="number of events in its log")
+    pressure: str | None
+    occupancy_bp: int | None = Field(..., description="last measured occupancy, in basis points of the input limit")
+    revision: int | None
+    open_attempts: int
+    created_at: str
+    updated_at: str = Field(..., description="last activity: the time of its last event (ISO 8601)")
+
+
+class SessionsOut(BaseModel):
+    sessions: list[SessionRowOut]
+    next_cursor: str | None = Field(..., description="`cursor` for the next page; null on the last page")
 
 
 class FeedOut(BaseModel):
