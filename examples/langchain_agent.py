@@ -209,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     share = RedisShare(args.redis_url, prefix=f"ct-example:{args.session}:") if args.share_redis else None
     summarizer = Summarizer(delay_s=args.summary_delay, fail=args.failing_summarizer)
     with Tracker.from_settings(settings) as tracker:
+        tracker.counting.warm()  # load the encodings now, not inside the first count's time limit
         time.sleep(max(0.0, args.start_at - time.time()))
         report = run(tracker, args.session, steps=args.steps, summarizer=summarizer, share=share)
     if args.json:

@@ -17,6 +17,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -73,7 +74,7 @@ class Sync:
         method = getattr(self.impl, name)
         if self.loop is None:
             return method
-        if name == "history":
+        if name in ("history", "sessions"):  # async iterators
 
             async def collect(*a: Any, **kw: Any) -> list[Any]:
                 return [e async for e in method(*a, **kw)]
@@ -170,6 +171,46 @@ def test_proceed_then_compact_then_commit(tracker):
     ]
     assert [e.version for e in events] == [1, 2, 3, 4, 5]
     assert [e.type for e in tracker.history(s, 4)] == ["CompactionStarted", "CompactionCommitted"]
+
+
+def sessions_of(tracker: Sync, **filters: Any) -> list[dict[str, Any]]:
+    """The sessions listing: ``client.sessions()`` remotely, the read side's pages on the embedded store
+    (listing is a read, not a command: ``Tracker`` has no ``sessions()``)."""
+    if isinstance(tracker.impl, Tracker):
+        from tracker import queries
+
+        rows, cursor = [], None
+        while True:
+            page = queries.sessions_page(tracker.impl.store, limit=2, cursor=cursor, **filters)
+            rows += page.sessions
+            if (cursor := page.next_cursor) is None:
+                return rows
+    return list(tracker.sessions(page_size=2, **filters))
+
+
+def test_sessions_listing(tracker):
+    mine = [sid() for _ in range(3)]
+    before = {r["session_id"] for r in sessions_of(tracker)}
+    tracker.observe(mine[0], measurement=m("r1:a", 10_000))
+    tracker.observe(mine[1], measurement=m("r1:a", 90_000))
+    tracker.observe(mine[2], measurement=m("r1:a", 20_000))
+    rows = [r for r in sessions_of(tracker) if r["session_id"] not in before]
+    assert [r["session_id"] for r in rows] == mine[::-1]  # most recently active first, no fleet prefix
+    busy = rows[1]
+    assert {k: busy[k] for k in ("version", "pressure", "occupancy_bp", "revision", "open_attempts")} == {
+        "version": 3,
+        "pressure": "compact",
+        "occupancy_bp": 9000,
+        "revision": 1,
+        "open_attempts": 1,
+    }
+    assert datetime.fromisoformat(busy["updated_at"]) >= datetime.fromisoformat(busy["created_at"])
+    assert mine[1] in {r["session_id"] for r in sessions_of(tracker, pressure="compact")}
+    assert not {mine[0], mine[2]} & {r["session_id"] for r in sessions_of(tracker, pressure="compact")}
+    since = datetime.fromisoformat(rows[1]["updated_at"])
+    assert [r["session_id"] for r in sessions_of(tracker, since=since)][:2] == [mine[2], mine[1]]
+    with pytest.raises(InvalidInput):
+        sessions_of(tracker, pressure="bogus")
 
 
 def test_refusals_are_the_same_typed_errors(tracker):

@@ -270,6 +270,33 @@ def test_cut_points_never_split_a_tool_batch():
     assert cuts[0] == 5  # keep the last three entries: the cut lands just before them
 
 
+def test_a_recent_tail_over_the_budget_is_summarised_into_not_rejected(tracker):
+    """When even the last ``keep_last`` entries leave no room within the budget, the summary reaches
+    into the tail (down to summarising everything) instead of a ``summary_over_budget`` rejection."""
+    from tracker.integrations import ContextGuard, View
+
+    def entry(i: int, words: int) -> Item:
+        return Item(({"role": "assistant" if i % 2 else "user", "content": f"note {i}: " + "lease " * words},))
+
+    # twelve small entries (more than eight cuts keep the tail), then four big ones
+    items = tuple(entry(i, 6) for i in range(12)) + tuple(entry(12 + i, 660) for i in range(4))
+    view = View(system=ex.SYSTEM, items=items)
+    session = f"tail-{uuid.uuid4().hex[:8]}"
+    count = default_counter(tracker, ex.MODEL)
+    tail = count({"system": ex.SYSTEM, "messages": [m for it in items[-4:] for m in it.messages], "tools": []})
+    guard = ContextGuard(tracker, model=ex.MODEL, keep_last=4)
+    cuts: list[tuple[int, int]] = []
+    out = guard.before_call(session, view, lambda start, end, room: cuts.append((start, end)) or "Notes 0-8: leases.")
+    started = events(tracker, session, "CompactionStarted")[0].data
+    assert tail > started["history_budget"]  # the case: keeping the last four cannot fit
+    assert [e.type for e in events(tracker, session, "CompactionCommitted", "CompactionRejected")] == [
+        "CompactionCommitted"
+    ]
+    assert cuts and cuts[0][1] > len(items) - 4  # the summary reached into the tail
+    (rep,) = out.replacements
+    assert rep.tokens_after <= started["history_budget"] and len(out.view.items) == len(items) - rep.end + 1
+
+
 def test_the_core_install_does_not_import_the_frameworks():
     for base in ("tracker", "workers"):
         for path in (ROOT / base).rglob("*.py"):
@@ -286,8 +313,9 @@ def test_the_core_install_does_not_import_the_frameworks():
                         f"{path} imports {name}"
                     )
     code = (
-        "import sys, tracker, tracker.service, tracker.integrations; "
-        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('langchain', 'langgraph', 'pydantic_ai')))"
+        "import sys, tracker, tracker.client, tracker.protocol, tracker.service, tracker.http.app, "
+        "tracker.integrations; frameworks = ('langchain', 'langchain_core', 'langgraph', 'pydantic_ai'); "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in frameworks))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip() == "[]"

@@ -27,7 +27,7 @@ import random
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
@@ -128,6 +128,25 @@ def _retryable(response: httpx.Response) -> bool:
         except ValueError:
             return True
     return True
+
+
+def _sessions_params(
+    pressure: str | None, since: datetime | float | None, page_size: int, cursor: str | None
+) -> dict[str, Any]:
+    params: dict[str, Any] = {"limit": page_size}
+    if pressure is not None:
+        params["pressure"] = pressure
+    if since is not None:
+        if isinstance(since, datetime):
+            when = since if since.tzinfo is not None else since.replace(tzinfo=UTC)
+        elif isinstance(since, (int, float)) and not isinstance(since, bool):
+            when = datetime.fromtimestamp(since, UTC)
+        else:
+            raise InvalidInput("since", f"must be a datetime or seconds since the epoch, got {since!r}")
+        params["since"] = when.isoformat()
+    if cursor is not None:
+        params["cursor"] = cursor
+    return params
 
 
 def _path(*parts: str) -> str:
@@ -306,15 +325,18 @@ class TrackerClient(_Base):
             version = page["next_from_version"]
 
     def sessions(
-        self, *, pressure: str | None = None, since: float | None = None, limit: int = 100
+        self, *, pressure: str | None = None, since: datetime | float | None = None, page_size: int = 100
     ) -> Iterator[dict[str, Any]]:
-        """The fleet's sessions (``GET /v1/sessions``), newest activity first, every page."""
+        """The fleet's sessions (``GET /v1/sessions``), most recently active first, fetched page by page.
+
+        ``pressure``: only sessions at this pressure; ``since``: only those active at or after this
+        time (a datetime, or seconds since the epoch). Rows: ``session_id``, ``version``,
+        ``pressure``, ``occupancy_bp``, ``revision``, ``open_attempts``, ``created_at``,
+        ``updated_at`` (last activity, ISO text).
+        """
         cursor: str | None = None
         while True:
-            params: dict[str, Any] = {"limit": limit}
-            for name, value in (("pressure", pressure), ("since", since), ("cursor", cursor)):
-                if value is not None:
-                    params[name] = value
+            params = _sessions_params(pressure, since, page_size, cursor)
             page = self._call("GET", _path("sessions"), params=params).json()
             yield from page["sessions"]
             cursor = page.get("next_cursor")
@@ -482,14 +504,12 @@ class AsyncTrackerClient(_Base):
             version = page["next_from_version"]
 
     async def sessions(
-        self, *, pressure: str | None = None, since: float | None = None, limit: int = 100
+        self, *, pressure: str | None = None, since: datetime | float | None = None, page_size: int = 100
     ) -> AsyncIterator[dict[str, Any]]:
+        """The fleet's sessions, most recently active first (see ``TrackerClient.sessions``)."""
         cursor: str | None = None
         while True:
-            params: dict[str, Any] = {"limit": limit}
-            for name, value in (("pressure", pressure), ("since", since), ("cursor", cursor)):
-                if value is not None:
-                    params[name] = value
+            params = _sessions_params(pressure, since, page_size, cursor)
             page = (await self._call("GET", _path("sessions"), params=params)).json()
             for s in page["sessions"]:
                 yield s

@@ -16,6 +16,9 @@ the reader knows: the HTTP API keeps each fleet's sessions under a prefix it hid
 
 from __future__ import annotations
 
+import base64
+import binascii
+import json
 from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import Any
@@ -129,16 +132,21 @@ def feed_page(
     )
 
 
-def export_events(store: Any, since: int = 0, limit: int = 0) -> Iterator[dict[str, Any]]:
-    """Every event after position ``since`` in global commit order, as dicts (``limit`` 0: all)."""
+def export_events(
+    store: Any, since: int = 0, limit: int = 0, *, prefix: str | None = None, external: External | None = None
+) -> Iterator[dict[str, Any]]:
+    """Every event after position ``since`` in global commit order, as dicts (``limit`` 0: all).
+
+    ``prefix``: only sessions whose id starts with it (a fleet's namespace).
+    """
     written = 0
     position = since
     while True:
-        batch = store.read_all(after_position=position, limit=EXPORT_BATCH)
+        batch = store.read_all(after_position=position, limit=EXPORT_BATCH, session_prefix=prefix)
         if not batch:
             return
         for e in batch:
-            yield event_to_dict(e)
+            yield event_to_dict(e, external=external)
             position = e.position
             written += 1
             if limit and written >= limit:
@@ -167,19 +175,118 @@ def list_sessions(
     """
     check_pressure(pressure)
     want = 1000 if limit is None else limit
-    if prefix is None:
-        rows = store.list_sessions(pressure=pressure, active_since=since, limit=want)
-    else:  # the store filters no prefix here: ask for more rows until enough of them match
-        ask = want
-        while True:
-            fetched = store.list_sessions(pressure=pressure, active_since=since, limit=ask)
-            rows = [r for r in fetched if r["session_id"].startswith(prefix)][:want]
-            if len(rows) >= want or len(fetched) < ask:
-                break
-            ask *= 4
+    rows = store.list_sessions(pressure=pressure, active_since=since, limit=want, session_prefix=prefix)
     if external is not None:
         rows = [{**r, "session_id": external(r["session_id"])} for r in rows]
     return rows
+
+
+def iter_sessions(
+    store: Any,
+    *,
+    pressure: str | None = None,
+    since: datetime | None = None,
+    prefix: str | None = None,
+    limit: int | None = None,
+    external: External | None = None,
+    batch: int = 1000,
+) -> Iterator[dict[str, Any]]:
+    """The rows of :func:`list_sessions` (``limit`` None: all of them), fetched in keyset-paged
+    batches, so a whole-list reader holds one batch at a time."""
+    check_pressure(pressure)
+    after: tuple[datetime, str] | None = None
+    left = limit
+    while left is None or left > 0:
+        want = batch if left is None else min(batch, left)
+        rows = store.list_sessions(
+            pressure=pressure, active_since=since, limit=want, session_prefix=prefix, after=after
+        )
+        for r in rows:
+            yield {**r, "session_id": external(r["session_id"])} if external is not None else r
+        if len(rows) < want:
+            return
+        if left is not None:
+            left -= len(rows)
+        after = (rows[-1]["updated_at"], rows[-1]["session_id"])
+
+
+SESSION_FIELDS = ("session_id", "version", "pressure", "occupancy_bp", "revision", "open_attempts")
+
+
+class SessionsPage(tuple):
+    """``(sessions, next_cursor)``: listing rows and the opaque cursor of the next page (None: last page)."""
+
+    sessions: list[dict[str, Any]]
+    next_cursor: str | None
+
+    def __new__(cls, sessions: list[dict[str, Any]], next_cursor: str | None) -> SessionsPage:
+        page = super().__new__(cls, (sessions, next_cursor))
+        page.sessions, page.next_cursor = sessions, next_cursor
+        return page
+
+
+def encode_cursor(updated_at: datetime, session_id: str) -> str:
+    """The opaque keyset cursor after a row: its last activity and its (external) session id."""
+    raw = json.dumps([updated_at.isoformat(), session_id], separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[datetime, str]:
+    """``(updated_at, session_id)`` of a cursor from :func:`encode_cursor`; ``InvalidInput("cursor")`` if not one."""
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        at, sid = json.loads(raw)
+        when = datetime.fromisoformat(at)
+        if not isinstance(sid, str) or when.tzinfo is None:
+            raise ValueError("not a cursor")
+        check_session_id(sid)
+    except (ValueError, TypeError, binascii.Error, InvalidInput):
+        raise InvalidInput("cursor", "not a cursor from this listing (pass next_cursor back unchanged)") from None
+    return when, sid
+
+
+def sessions_page(
+    store: Any,
+    *,
+    pressure: str | None = None,
+    since: datetime | None = None,
+    limit: int = 100,
+    cursor: str | None = None,
+    prefix: str = "",
+    external: External | None = None,
+) -> SessionsPage:
+    """One page of the sessions listing, most recently active first (then by id), keyset-paged.
+
+    Rows: ``session_id`` (external), ``version``, ``pressure``, ``occupancy_bp``, ``revision``,
+    ``open_attempts``, ``created_at``, ``updated_at`` (last activity; ISO text). ``prefix``: only
+    sessions whose id starts with it (a fleet's namespace); the cursor holds the external id, so
+    it means nothing to another fleet. A session active while a reader pages moves to the front
+    (it is not repeated on later pages; the next listing shows it).
+    """
+    check_pressure(pressure)
+    if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= 1000:
+        raise InvalidInput("limit", f"must be an integer from 1 to 1000, got {limit!r}")
+    after = None
+    if cursor is not None:
+        at, sid = decode_cursor(cursor)
+        after = (at, prefix + sid)
+    rows = store.list_sessions(
+        pressure=pressure, active_since=since, limit=limit + 1, session_prefix=prefix or None, after=after
+    )
+    page = rows[:limit]
+    out = [
+        {
+            **{k: r[k] for k in SESSION_FIELDS},
+            "session_id": external(r["session_id"]) if external else r["session_id"],
+            "created_at": r["created_at"].isoformat(),
+            "updated_at": r["updated_at"].isoformat(),
+        }
+        for r in page
+    ]
+    if len(rows) <= limit:
+        return SessionsPage(out, None)
+    last = page[-1]
+    return SessionsPage(out, encode_cursor(last["updated_at"], last["session_id"][len(prefix) :]))
 
 
 def verify(store: Any) -> dict[str, Any]:
@@ -193,17 +300,56 @@ def verify(store: Any) -> dict[str, Any]:
     return {"ok": not diffs, "sessions": n, "differences": diffs}
 
 
+NO_FLEET = "none"  # the fleet label of sessions outside any fleet (the Python API on the same database)
+
+
+def fleet_gauges(store: Any, fleets: dict[str, str], now: float) -> dict[str, list[tuple[Any, ...]]]:
+    """Where each fleet stands, for gauges: every label value from a closed set.
+
+    ``fleets`` maps fleet ids to the names the labels show; sessions outside them count under
+    ``none``. Every known fleet gets every pressure (zeros included), so a series never vanishes.
+    Returns ``{"sessions": [(fleet, pressure, n)], "open_attempts": [(fleet, n)],
+    "oldest_open_attempt_age": [(fleet, seconds)]}`` (the age is 0 with no attempt open).
+    """
+    from tracker.store.fleets import FLEET_ID_LEN
+
+    summary = store.session_summary(FLEET_ID_LEN)
+    names = [*fleets.values(), NO_FLEET]
+    sessions = {(f, p): 0 for f in names for p in PRESSURES}
+    open_attempts = dict.fromkeys(names, 0)
+    oldest = dict.fromkeys(names, 0.0)
+    for ns, pressure, n, opened in summary["pressure"]:
+        fleet = fleets.get(ns, NO_FLEET)
+        if pressure in PRESSURES:
+            sessions[(fleet, pressure)] += n
+        open_attempts[fleet] += opened
+    for ns, opened_at in summary["oldest_open"]:
+        fleet = fleets.get(ns, NO_FLEET)
+        oldest[fleet] = max(oldest[fleet], max(0.0, now - opened_at))
+    return {
+        "sessions": [(f, p, n) for (f, p), n in sessions.items()],
+        "open_attempts": list(open_attempts.items()),
+        "oldest_open_attempt_age": list(oldest.items()),
+    }
+
+
 __all__ = [
+    "NO_FLEET",
     "Page",
+    "SessionsPage",
     "check_pressure",
+    "decode_cursor",
+    "encode_cursor",
     "event_to_dict",
     "export_events",
     "feed_page",
+    "fleet_gauges",
     "history_page",
     "list_sessions",
     "read_history",
     "require_session",
     "session_exists",
     "session_state",
+    "sessions_page",
     "verify",
 ]

@@ -397,12 +397,18 @@ class ContextGuard:
         budget = attempt.history_budget if attempt.history_budget is not None else decision.hard_level
         target = min(budget, decision.rearm_level - 1)  # aim to end the pressure episode
         head = view.head
+        cuts = cut_points(view.items, self.keep_last)
+        # a cut that summarises less than the preferred one keeps more, so it cannot leave more room:
+        # the candidates are the preferred cut, then those summarising more (into the recent tail)
+        candidates = [end for end in cuts if end >= cuts[0]] if cuts else []
         try:
             chosen = None
+            kept_tokens: dict[int, int] = {}
             for goal in dict.fromkeys((target, budget)):
-                for end in cut_points(view.items, self.keep_last)[:8]:
-                    kept = self.count(view.request(view.items[:head] + view.items[end:]))
-                    room = goal - kept - SUMMARY_MARGIN_TOKENS
+                for end in candidates:
+                    if end not in kept_tokens:
+                        kept_tokens[end] = self.count(view.request(view.items[:head] + view.items[end:]))
+                    room = goal - kept_tokens[end] - SUMMARY_MARGIN_TOKENS
                     if room >= MIN_SUMMARY_TOKENS:
                         chosen = (end, room)
                         break
@@ -411,7 +417,7 @@ class ContextGuard:
         except CountError as exc:
             raise SummaryFailed(COUNT_FAILED, str(exc)) from exc
         if chosen is None:
-            if not cut_points(view.items, self.keep_last):
+            if not cuts:
                 raise SummaryFailed(NOTHING_TO_SUMMARIZE)
             raise SummaryFailed(SUMMARY_OVER_BUDGET, f"what must be kept leaves no room within {budget} tokens")
         end, room = chosen
