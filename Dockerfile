@@ -25,9 +25,10 @@ RUN pip install -e . \
  && mkdir -p /data \
  && chown tracker:tracker /data
 
-# Unprivileged; the working directory holds the embedded default database (.tracker/tracker.db)
-# when TRACKER_DATABASE_URL is not set.
+# Unprivileged; without TRACKER_DATABASE_URL the embedded default database is
+# $XDG_DATA_HOME/context-tracker/tracker.db, i.e. /data/context-tracker/tracker.db on the volume.
 USER tracker
+ENV XDG_DATA_HOME=/data
 WORKDIR /data
 VOLUME ["/data"]
 EXPOSE 8080

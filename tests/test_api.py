@@ -24,6 +24,7 @@ import pytest
 from tests.conftest import REDIS_URL, _sqlalchemy_url, create_pg_database, drop_pg_database
 from tests.servers import free_port
 from tracker.bench.procs import start_server
+from tracker.store import head_revision
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
@@ -170,7 +171,7 @@ def test_healthz_readyz_and_openapi(server):
         assert ready.status_code == 200
         body = ready.json()
         assert body["status"] == "ready"
-        assert body["checks"]["database"]["status"] == "ok" and body["checks"]["database"]["schema"] == "0002_fleets"
+        assert body["checks"]["database"]["status"] == "ok" and body["checks"]["database"]["schema"] == head_revision()
         assert body["checks"]["redis"] == {"status": "ok"}
         doc = c.get("/openapi.json").json()
     assert doc["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"

@@ -203,12 +203,21 @@ def test_embedded_default_audit_flow(tmp_path):
 
 
 def test_db_upgrade_creates_the_embedded_default_in_a_fresh_directory(tmp_path):
-    """No TRACKER_DATABASE_URL: the default .tracker/tracker.db, whose directory does not exist yet."""
-    cli = Cli(tmp_path, base_env())
+    """No TRACKER_DATABASE_URL: the default is the user's data directory ($XDG_DATA_HOME/context-tracker),
+    which does not exist yet; every folder then sees the same database."""
+    work, other = tmp_path / "work", tmp_path / "other"
+    work.mkdir()
+    other.mkdir()
+    env = base_env(XDG_DATA_HOME=str(tmp_path / "data"), HOME=str(tmp_path))
+    cli = Cli(work, env)
     assert cli.json("db", "upgrade", "--json")["ok"] is True
-    assert (tmp_path / ".tracker" / "tracker.db").is_file()
+    assert (tmp_path / "data" / "context-tracker" / "tracker.db").is_file()
+    assert not (work / ".tracker").exists()
     assert cli.json("sessions", "--json") == []
-    assert cli.json("verify", "--json") == {"ok": True, "sessions": 0, "differences": []}
+    cli.run("observe", "s1", "--basis", "m1", "--input-tokens", 10, "--input-limit", 100)
+    elsewhere = Cli(other, env)
+    assert [s["session_id"] for s in elsewhere.json("sessions", "--json")] == ["s1"]
+    assert elsewhere.json("verify", "--json") == {"ok": True, "sessions": 1, "differences": []}
 
 
 # -- distributed: Postgres + Redis + a real Celery worker ------------------------------------------

@@ -4,7 +4,7 @@ Every import counts — at module level, inside functions, and under ``TYPE_CHEC
 lazy import cannot hide an upward edge. The layers, bottom first (a module may import its
 own layer and the layers below it; sibling packages of one layer may not import each other):
 
-    errors → core → {settings, _lru} → {store, counting, coordination} → bootstrap
+    errors → core → {settings, _lru, telemetry} → {store, counting, coordination} → bootstrap
       → {service, queries, protocol} → audit → {http, client, workers} → {demo, bench} → cli
 
 The CLI is the outermost shell: it dispatches to the HTTP server, the worker, the demo and
@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYERS: list[set[str]] = [
     {"tracker.errors"},
     {"tracker.core"},
-    {"tracker.settings", "tracker._lru"},
+    {"tracker.settings", "tracker._lru", "tracker.telemetry"},
     {"tracker.store", "tracker.counting", "tracker.coordination"},
     {"tracker.bootstrap"},
     {"tracker.service", "tracker.queries", "tracker.protocol"},

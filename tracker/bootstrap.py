@@ -11,10 +11,14 @@ imports still point one way: ``Tracker.from_settings`` asks it for the parts.
 
 from __future__ import annotations
 
+import os
+import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tracker.core.policy import Policy
+from tracker.errors import StoreUnavailable
 from tracker.settings import CoordinationSettings, Settings, StoreSettings
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -28,10 +32,57 @@ if TYPE_CHECKING:  # pragma: no cover
 def build_store(
     settings: StoreSettings, *, projector: Projector | None = None, check_schema: bool = True
 ) -> SqlEventStore:
-    """The event store at ``TRACKER_DATABASE_URL`` (refuses a missing or older schema unless told not to)."""
+    """The event store at ``TRACKER_DATABASE_URL`` (refuses a missing or older schema unless told not to).
+
+    The embedded default needs no set-up: a SQLite file that does not exist yet is created,
+    with the newest schema, on first use. Any other database — an existing SQLite file, and
+    Postgres always — must have been migrated with ``tracker db upgrade``; otherwise this
+    raises ``SchemaOutOfDate`` saying so. Postgres is never migrated implicitly.
+    """
     from tracker.store import open_store
 
+    if check_schema:
+        create_sqlite_if_missing(settings.database_url)
     return open_store(settings.database_url, projector=projector, check_schema=check_schema)
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The file of a ``sqlite:///path`` URL (None for other databases and in-memory SQLite)."""
+    if not url.startswith("sqlite:///") or url in ("sqlite:///", "sqlite:///:memory:"):
+        return None
+    return Path(url[len("sqlite:///") :].split("?", 1)[0])
+
+
+def create_sqlite_if_missing(url: str) -> bool:
+    """Create a SQLite database that does not exist yet, at the newest schema; True if this call made it.
+
+    The schema is built in a private file beside the target and linked into place, so
+    processes starting together never see a half-made database: one link wins, the others
+    find the finished file.
+    """
+    from tracker.store.migrate import upgrade
+
+    path = sqlite_path(url)
+    if path is None or path.exists():
+        return False
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        upgrade("sqlite:///" + tmp.as_posix())
+        try:
+            os.link(tmp, path)  # atomic, and refuses to replace a file another process linked first
+        except FileExistsError:
+            return False
+        except OSError:  # a file system without hard links
+            if path.exists():
+                return False
+            os.replace(tmp, path)
+        return True
+    except OSError as exc:
+        raise StoreUnavailable(f"cannot create the embedded database at {path}: {exc}", database=str(path)) from exc
+    finally:
+        for leftover in (tmp, *(tmp.with_name(tmp.name + suffix) for suffix in ("-journal", "-wal", "-shm"))):
+            leftover.unlink(missing_ok=True)
 
 
 def build_coordinator(settings: CoordinationSettings) -> Coordinator:

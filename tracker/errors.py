@@ -35,7 +35,9 @@
     └── HttpError                             refusals only the HTTP API makes
         ├── Unauthorized                      missing, malformed, unknown or revoked key
         ├── NotFound                          no such route
-        └── MethodNotAllowed
+        ├── MethodNotAllowed
+        ├── TooManyWaits                      the fleet's cap on concurrent long-polls is reached
+        └── BodyTimeout                       the request body did not arrive in time
 
 Every error has a stable ``code`` (used by the CLI's ``--json`` output and the
 HTTP API) and ``to_dict()`` so it can travel as data between processes.
@@ -212,6 +214,10 @@ class ConcurrencyConflict(StoreError):
     """
 
     code = "concurrency_conflict"
+    #: The stream's projection state at ``actual`` when the store read it while refusing the
+    #: append (so the caller can re-decide without reading it again); None when unknown.
+    #: Not part of ``details``: it never leaves the process.
+    current_state: dict[str, Any] | None = None
 
     def __init__(
         self,
@@ -289,6 +295,18 @@ class NotFound(HttpError):
 
 class MethodNotAllowed(HttpError):
     code = "method_not_allowed"
+
+
+class TooManyWaits(HttpError):
+    """The fleet already holds its cap of concurrent ``wait`` long-polls; ``retry_after_s`` says when to retry."""
+
+    code = "too_many_waits"
+
+
+class BodyTimeout(HttpError):
+    """The request body did not arrive within ``TRACKER_BODY_TIMEOUT_S``."""
+
+    code = "body_timeout"
 
 
 # -- errors carried as data ------------------------------------------------------------------

@@ -1,11 +1,18 @@
 """The service layer: observe → decide → record, thin on purpose.
 
-Each call is: validate input → (count, outside any lock) → under the session's
-coordination lock: load state, run the pure decision, append its events with
-the version the decision was made on → raise the decision's error, if any,
-after it is on the record. A ``ConcurrencyConflict`` means another process
-appended first: re-load and re-decide (the decision is deterministic in the
-state, so the retry sees that process's attempt and does not open another).
+Each call is: validate input → (count, outside any lock) → load state (this
+process's last recorded state when it has one), run the pure decision, append
+its events with the version the decision was made on → raise the decision's
+error, if any, after it is on the record. A ``ConcurrencyConflict`` means another
+process appended first: re-decide (the decision is deterministic in the state, so
+the retry sees that process's attempt and does not open another).
+
+Optimistic first: an uncontended session costs no coordination round trip at all
+(the store's version check is the guard). After a lost race, and for as long as
+others keep writing the session (``CONTENDED_S``), this process decides under the
+coordinator's session lock, on the state read under it: contenders queue up
+(handed the lock by a wake-up, not by polling) instead of appending on stale
+states, and only one automatic attempt per basis is ever started.
 """
 
 from __future__ import annotations
@@ -16,8 +23,10 @@ import random
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import nullcontext
 from typing import Any
 
+from tracker import telemetry
 from tracker._lru import LRU
 from tracker.bootstrap import build_components
 from tracker.coordination import Coordinator, LocalCoordinator
@@ -30,6 +39,7 @@ from tracker.core import (
     Policy,
     SessionState,
     check_session_id,
+    check_text,
     decide_commit,
     decide_count_failed,
     decide_manual,
@@ -40,7 +50,7 @@ from tracker.core import (
 )
 from tracker.core.decide import Result
 from tracker.core.decide import outcome as outcome_of
-from tracker.core.events import ContextMeasured
+from tracker.core.events import CompactionCommitted, CompactionRejected, ContextMeasured
 from tracker.core.recorded import recorded_outcome, succeeded
 from tracker.core.state import fold
 from tracker.core.thresholds import resolve_threshold
@@ -62,10 +72,11 @@ log = logging.getLogger("tracker.service")
 
 CONFLICT_RETRY_S = 30.0
 STATE_CACHE_SIZE = 10_000  # sessions whose last recorded state this process keeps
+CONTENDED_S = 1.0  # after a lost race, decide under the session lock for this long (renewed while contended)
 
 
 class Tracker:
-    """The public entry point (SPEC §10). Build one per process with ``Tracker.from_settings()``."""
+    """The public entry point (the README). Build one per process with ``Tracker.from_settings()``."""
 
     def __init__(
         self,
@@ -84,6 +95,8 @@ class Tracker:
         self.clock = clock
         self.new_id = new_id
         self._states: LRU[str, SessionState] = LRU(STATE_CACHE_SIZE)
+        #: session -> when this process last saw it contended (see ``_record``)
+        self._contended: LRU[str, float] = LRU(STATE_CACHE_SIZE)
 
     @classmethod
     def from_settings(cls, settings: Settings | None = None, **overrides: Any) -> Tracker:
@@ -142,6 +155,7 @@ class Tracker:
         wait timed out; retries back off with full jitter so contenders spread out.
         """
         if idempotency_key is not None:
+            check_text("idempotency_key", idempotency_key)  # before it reaches the database
             # A retried call (commit, reject, manual, observe) gets its original answer, not a new decision.
             replay = self._recorded_answer(session_id, idempotency_key, op, decide)
             if replay is not None:
@@ -149,16 +163,29 @@ class Tracker:
         deadline = time.monotonic() + CONFLICT_RETRY_S
         attempt = 0
         fresh = False
+        # Optimistic first: an uncontended session needs no lock (the store's version check
+        # guards). After a conflict, and while the session stays contended, the decision is
+        # made under the coordinator's lock on the state read under it, so contenders queue
+        # up instead of appending on stale states.
+        locked = self._is_contended(session_id)
         while True:
-            with self.coordinator.session_lock(session_id):
-                # The state this process last recorded is used optimistically: if another process
-                # appended since, the append below is refused by its version check and we re-decide
-                # on the state read from the database. So a cached state is never trusted alone.
-                state = None if fresh else self._states.get(session_id)
+            lock = self.coordinator.session_lock(session_id) if locked else nullcontext(False)
+            with telemetry.span("tracker.coordination"), lock:
+                # Unlocked, the state this process last recorded is used optimistically: if another
+                # process appended since, the append is refused by its version check and we re-decide.
+                # So a cached state is never trusted alone.
+                state = None if fresh or locked else self._states.get(session_id)
                 if state is None:
+                    cached = self._states.get(session_id)
                     state, fresh = self._load(session_id), True
+                    if locked:  # still contended while others write between our appends
+                        if cached is not None and cached.version == state.version:
+                            self._contended.pop(session_id)
+                        else:
+                            self._contended.put(session_id, time.monotonic())
                 try:
-                    outcome = decide(state)
+                    with telemetry.span("tracker.decide"):
+                        outcome = decide(state)
                 except TrackerError:
                     if fresh:
                         raise
@@ -170,12 +197,14 @@ class Tracker:
                         continue
                     return outcome, state.version
                 try:
-                    result = self.store.append(
-                        session_id,
-                        state.version,
-                        [_new_event(e) for e in outcome.events],
-                        idempotency_key=idempotency_key,
-                    )
+                    with telemetry.span("tracker.append"):
+                        result = self.store.append(
+                            session_id,
+                            state.version,
+                            [_new_event(e) for e in outcome.events],
+                            idempotency_key=idempotency_key,
+                            projected=outcome.state.to_data(),
+                        )
                 except ConcurrencyConflict:
                     result = None
                     self._states.pop(session_id)
@@ -184,15 +213,18 @@ class Tracker:
                     raise
                 if result is not None and not result.replayed:
                     self._states.put(session_id, outcome.state)
+                    telemetry.recorded(outcome.events)
             if result is not None:
                 if result.replayed:
                     self._states.pop(session_id)
                     return self._answer_from(session_id, result, op, decide), result.last_version
+                if any(isinstance(e, (CompactionCommitted, CompactionRejected)) for e in outcome.events):
+                    self.coordinator.attempt_ended(session_id)  # wakes long-polls (a hint; they re-read)
                 return outcome, result.last_version
-            if not fresh:  # a stale cached state: re-decide at once on the record
-                fresh = True
+            self._contended.put(session_id, time.monotonic())
+            if not locked or not fresh:  # lost an optimistic race: re-decide at once, under the lock
+                locked = fresh = True
                 continue
-            fresh = True
             attempt += 1
             if time.monotonic() >= deadline:
                 raise ConcurrencyConflict(
@@ -200,6 +232,17 @@ class Tracker:
                     session_id=session_id,
                 )
             time.sleep(random.uniform(0, min(0.1, 0.002 * 2 ** min(attempt, 10))))
+
+    def _is_contended(self, session_id: str) -> bool:
+        """Whether this process lost a race on the session within the last ``CONTENDED_S`` seconds
+        (renewed while it keeps finding that others appended since its own last append)."""
+        since = self._contended.get(session_id)
+        if since is None:
+            return False
+        if time.monotonic() - since < CONTENDED_S:
+            return True
+        self._contended.pop(session_id)
+        return False
 
     def _recorded_answer(
         self, session_id: str, idempotency_key: str, op: str, decide: Callable[[SessionState], Outcome] | None
@@ -234,6 +277,7 @@ class Tracker:
         return out
 
     # -- observe ---------------------------------------------------------------------------
+    @telemetry.operation("tracker.observe")
     def observe(
         self,
         session_id: str,
@@ -253,10 +297,10 @@ class Tracker:
         check_session_id(session_id)
         if (request is None) == (measurement is None):
             raise InvalidInput("request", "give exactly one of request= or measurement=")
-        if idempotency_key is not None and (
-            not isinstance(idempotency_key, str) or not 0 < len(idempotency_key) <= 200
-        ):
-            raise InvalidInput("idempotency_key", "must be a string of 1-200 characters")
+        if idempotency_key is not None:
+            check_text("idempotency_key", idempotency_key)
+        if model is not None:
+            check_text("model", model)
         # validate the per-request threshold before counting (bad input writes nothing)
         resolve_threshold(
             self.policy.compact_at_bp, self.policy.rearm_below_bp, compaction_threshold, scope, scope_confidence
@@ -266,7 +310,8 @@ class Tracker:
             replay = self._recorded_answer(session_id, idempotency_key, "observe", None)
             if replay is not None:
                 outcome, version = replay
-                _same_request(outcome, measurement, request)
+                given = dict(threshold=compaction_threshold, scope=scope, confidence=scope_confidence)
+                _same_request(outcome, measurement, request, basis, overhead=overhead_tokens, **given)
                 if outcome.error is not None:
                     raise outcome.error
                 return Result(session_id=session_id, version=version, decision=_decision(outcome, session_id))
@@ -326,6 +371,7 @@ class Tracker:
         return Result(session_id=session_id, version=version, decision=_decision(outcome, session_id))
 
     # -- attempts --------------------------------------------------------------------------
+    @telemetry.operation("tracker.manual")
     def request_compaction(
         self,
         session_id: str,
@@ -358,6 +404,7 @@ class Tracker:
             raise ManualAttemptOpen("a manual attempt was already open when this call was first made")
         return outcome.attempt
 
+    @telemetry.operation("tracker.commit")
     def commit(
         self,
         session_id: str,
@@ -379,6 +426,7 @@ class Tracker:
             raise outcome.error
         return outcome.state
 
+    @telemetry.operation("tracker.reject")
     def reject(
         self,
         session_id: str,
@@ -406,6 +454,7 @@ class Tracker:
         outcome, _ = self._record(session_id, lambda st: outcome_of(st, expire_leases(st, self.clock())))
         return outcome.state
 
+    @telemetry.operation("tracker.wait")
     def wait(self, session_id: str, attempt_id: str, timeout: float = 30.0, poll_s: float = 0.05) -> str:
         """Block until the attempt ends; returns 'committed' or 'rejected:<reason>'.
 
@@ -417,37 +466,69 @@ class Tracker:
             raise InvalidInput("timeout", f"must be a number >= 0, got {timeout!r}")
         deadline = time.monotonic() + timeout
         while True:
+            outcome, _ = self.attempt_status(session_id, attempt_id)
+            if outcome != "open":
+                return outcome
+            if time.monotonic() >= deadline:
+                raise WaitTimeout(f"attempt {attempt_id} still open after {timeout}s", attempt_id=attempt_id)
+            time.sleep(poll_s)
+
+    def attempt_status(self, session_id: str, attempt_id: str) -> tuple[str, float | None]:
+        """One look at an attempt: ``(outcome, lease_expires_at)``; outcome ``open`` (with the time its
+        lease ends), ``committed`` or ``rejected:<reason>``. An attempt past its lease is recorded as
+        ``lease_expired`` first. Raises ``UnknownAttempt``. (``wait`` polls this; the HTTP API awaits it.)
+        """
+        check_session_id(session_id)
+        while True:
             state = self._load(session_id)
             outcome = state.outcome_of(attempt_id)
             if outcome is None:
                 raise UnknownAttempt(f"no attempt {attempt_id} in session {session_id}", attempt_id=attempt_id)
             if outcome != "open":
-                return outcome
+                return outcome, None
             attempt = state.find_open(attempt_id)
             if attempt is not None and self.clock() > attempt.lease_expires_at:
                 self.expire(session_id)
                 continue
-            if time.monotonic() >= deadline:
-                raise WaitTimeout(f"attempt {attempt_id} still open after {timeout}s", attempt_id=attempt_id)
-            time.sleep(poll_s)
+            return outcome, attempt.lease_expires_at if attempt is not None else None
 
 
-def _same_request(outcome: Outcome, measurement: Any, request: Any) -> None:
-    """A key reused for a different measurement or request is refused, not answered with the old result."""
-    recorded = next((e.measurement for e in outcome.events if isinstance(e, ContextMeasured)), None)
-    if recorded is None:
+def _same_request(
+    outcome: Outcome,
+    measurement: Any,
+    request: Any,
+    basis: Any,
+    *,
+    threshold: Any,
+    scope: Any,
+    confidence: Any,
+    overhead: Any,
+) -> None:
+    """A key is bound to the whole call: reused with a different measurement or request, basis,
+    threshold, scope, confidence or overhead, it is refused, not answered with the old result."""
+    measured = next((e for e in outcome.events if isinstance(e, ContextMeasured)), None)
+    if measured is None:
         return  # a refused or failed count: nothing to compare with
+    recorded = measured.measurement
+    revision = Basis.parse(recorded["basis"], 1).revision
     if measurement is not None:
         m = measurement if isinstance(measurement, Measurement) else Measurement.from_data(measurement, 1)
-        same = (m.input_tokens, m.input_limit, m.fingerprint) == (
-            recorded["input_tokens"],
-            recorded["input_limit"],
-            recorded["fingerprint"],
+        raw_basis = measurement.basis if isinstance(measurement, Measurement) else measurement["basis"]
+        given: tuple[Any, ...] = (m.input_tokens, m.input_limit, m.fingerprint, m.quality, m.model.to_data())
+        was: tuple[Any, ...] = tuple(
+            recorded.get(k) for k in ("input_tokens", "input_limit", "fingerprint", "quality", "model")
         )
     else:
-        same = CanonicalRequest.from_dict(request).fingerprint == recorded["fingerprint"]
+        raw_basis = basis
+        given, was = (CanonicalRequest.from_dict(request).fingerprint,), (recorded["fingerprint"],)
+    inputs = dict(compaction_threshold=threshold, scope=scope, scope_confidence=confidence, overhead_tokens=overhead)
+    same = (
+        given == was
+        and str(Basis.parse(raw_basis, revision)) == recorded["basis"]
+        and {k: v for k, v in inputs.items() if v is not None} == (measured.inputs or {})
+    )
     if not same:
-        raise InvalidInput("idempotency_key", "was already used for a different measurement of this session")
+        raise InvalidInput("idempotency_key", "was already used for a different call on this session")
 
 
 def _at_revision(m: Measurement, raw_basis: Any, revision: int) -> Measurement:

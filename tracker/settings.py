@@ -11,6 +11,7 @@ calls :meth:`Settings.load` once at start and passes the typed sections down:
     ├── providers      ProviderSettings       TRACKER_ANTHROPIC_*, TRACKER_OPENAI_*
     ├── policy         Policy (the core's)    TRACKER_<POLICY FIELD>, e.g. TRACKER_COMPACT_AT_BP
     ├── api            ApiSettings            TRACKER_MAX_BODY_BYTES, TRACKER_API_KEY_CACHE_S, TRACKER_API_THREADS
+    ├── telemetry      TelemetrySettings      TRACKER_LOG_FORMAT, TRACKER_WORKER_METRICS_PORT
     └── bench          BenchSettings          TRACKER_BENCH_*
 
 Variable names are flat (``TRACKER_<FIELD>``) whatever section holds the field, so every
@@ -24,8 +25,10 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import os
+import sys
 from collections.abc import Iterator, Mapping
-from typing import Any, ClassVar
+from pathlib import Path
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, create_model, field_validator
 from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
@@ -34,7 +37,9 @@ from tracker.core.policy import POLICY_DOCS, Policy
 from tracker.errors import InvalidPolicy, InvalidSetting
 
 ENV_PREFIX = "TRACKER_"
-DEFAULT_DATABASE_URL = "sqlite:///.tracker/tracker.db"
+APP_DIR_NAME = "context-tracker"
+#: how the README and ``Settings.variables()`` state the default; the effective path is per user
+DEFAULT_DATABASE_DOC = "sqlite:///<user data dir>/context-tracker/tracker.db"
 
 # The environment a load reads (set only inside Settings.load): os.environ unless given a mapping.
 _ENV: contextvars.ContextVar[Mapping[str, str] | None] = contextvars.ContextVar("tracker_settings_env", default=None)
@@ -74,7 +79,9 @@ class Section(BaseSettings):
     def variables(cls) -> Iterator[tuple[str, Any, str]]:
         """(variable, default, description) of every field, for documentation and ``tracker info``."""
         for name, info in cls.model_fields.items():
-            yield ENV_PREFIX + name.upper(), info.get_default(call_default_factory=True), info.description or ""
+            extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+            default = extra["doc_default"] if "doc_default" in extra else info.get_default(call_default_factory=True)
+            yield ENV_PREFIX + name.upper(), default, info.description or ""
 
 
 def normalize_database_url(url: str) -> str:
@@ -86,10 +93,47 @@ def normalize_database_url(url: str) -> str:
     return url
 
 
+def user_data_dir(env: Mapping[str, str] | None = None, platform: str | None = None) -> Path:
+    """The per-user data directory of the tracker (where the embedded default database lives).
+
+    Linux and other Unixes: ``$XDG_DATA_HOME/context-tracker`` (default ``~/.local/share/context-tracker``);
+    macOS: ``~/Library/Application Support/context-tracker``; Windows: ``%LOCALAPPDATA%\\context-tracker``.
+    ``env``: the environment to read ``HOME``, ``XDG_DATA_HOME`` and ``LOCALAPPDATA`` from (default: the
+    one ``Settings.load`` is reading); a variable it does not set is read from ``os.environ``.
+    """
+    given = env if env is not None else (_ENV.get() or {})
+    platform = platform or sys.platform
+
+    def get(var: str) -> str:
+        return (given[var] if var in given else os.environ.get(var)) or ""
+
+    def home() -> Path:
+        for var in ("HOME", "USERPROFILE"):
+            if get(var):
+                return Path(get(var))
+        return Path.home()
+
+    if platform == "win32":
+        base = Path(get("LOCALAPPDATA")) if get("LOCALAPPDATA") else home() / "AppData" / "Local"
+    elif platform == "darwin":
+        base = home() / "Library" / "Application Support"
+    else:
+        xdg = get("XDG_DATA_HOME")
+        base = Path(xdg) if xdg and Path(xdg).is_absolute() else home() / ".local" / "share"
+    return base / APP_DIR_NAME
+
+
+def default_database_url(env: Mapping[str, str] | None = None) -> str:
+    """The embedded default: a SQLite file in the per-user data directory (one database per user)."""
+    return "sqlite:///" + (user_data_dir(env) / "tracker.db").as_posix()
+
+
 class StoreSettings(Section):
     database_url: str = Field(
-        DEFAULT_DATABASE_URL,
-        description="event store: a SQLAlchemy URL (`postgresql://…` uses psycopg 3; default an embedded SQLite file)",
+        default_factory=default_database_url,
+        description="event store: a SQLAlchemy URL (`postgresql://…` uses psycopg 3; default an embedded SQLite "
+        "file in the per-user data directory, see `tracker info`)",
+        json_schema_extra={"doc_default": DEFAULT_DATABASE_DOC},
     )
 
     def model_post_init(self, _: Any) -> None:
@@ -155,6 +199,24 @@ class ApiSettings(Section):
         description="how long a server trusts a looked-up key (a revoked key works at most this long)",
     )
     api_threads: int = Field(40, ge=1, description="request threads per `tracker serve` process")
+    max_waits_per_fleet: int = Field(
+        100, ge=1, description="concurrent `wait` long-polls one fleet may hold per server process (beyond: 429)"
+    )
+    body_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="seconds a request body may take to arrive (beyond: 408 `body_timeout`, connection closed)",
+    )
+
+
+class TelemetrySettings(Section):
+    log_format: Literal["text", "json"] = Field(
+        "text", description="`json`: one JSON object per log line, with fleet, session, attempt and trace ids"
+    )
+    worker_metrics_port: int | None = Field(
+        None, ge=0, le=65535, description="port of a count worker's own Prometheus `/metrics` (none: not served)"
+    )
 
 
 class BenchSettings(Section):
@@ -178,6 +240,7 @@ class Settings(BaseModel):
         "providers": ProviderSettings,
         "policy": PolicySettings,
         "api": ApiSettings,
+        "telemetry": TelemetrySettings,
         "bench": BenchSettings,
     }
 
@@ -187,6 +250,7 @@ class Settings(BaseModel):
     providers: ProviderSettings = Field(default_factory=ProviderSettings)
     policy: Policy = Field(default_factory=Policy)
     api: ApiSettings = Field(default_factory=ApiSettings)
+    telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
     bench: BenchSettings = Field(default_factory=BenchSettings)
 
     @classmethod

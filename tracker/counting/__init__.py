@@ -1,4 +1,4 @@
-"""Counting: canonical requests, the model registry, counters and counting backends (SPEC §3, §7).
+"""Counting: canonical requests, the model registry, counters and counting backends (behaviour.md "Policy", "Counting").
 
     from tracker.bootstrap import build_counting
     backend = build_counting(settings)          # Celery if TRACKER_BROKER_URL, else in-process

@@ -36,7 +36,7 @@ negative / non-integer ``input_tokens``                ``MalformedMeasurement`` 
 =====================================================  ==========================================
 
 The reasoning: 429 / 5xx / network trouble mean "no valid count in time" — exactly
-SPEC's ``CountTimeout`` — and nothing guessed is used; auth and 4xx mean this counter
+the documented ``CountTimeout`` — and nothing guessed is used; auth and 4xx mean this counter
 cannot count this model/request as configured.
 """
 

@@ -5,6 +5,7 @@ or extended by a JSON file (``TRACKER_MODELS_FILE``, passed in by the compositio
 or by a dict, with the same shape (``{"models": {name: entry}}`` or just ``{name: entry}``).
 An override entry for a known model is merged field by field onto it; ``null``
 removes the model; a new model needs ``provider``, ``window`` and ``counter``.
+The format, with an example, is documented for users in ``docs/models.md``.
 
 Entry fields:
 
@@ -227,7 +228,7 @@ def load_models_file(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 class ModelRegistry:
-    """Model name -> :class:`ModelSpec`, input limits (SPEC §3) and counters."""
+    """Model name -> :class:`ModelSpec`, input limits (behaviour.md "Policy") and counters."""
 
     def __init__(self, models: Mapping[str, ModelSpec], providers: ProviderSettings | None = None) -> None:
         self._models = dict(models)
@@ -299,11 +300,15 @@ class ModelRegistry:
             return name
         spec = self._by_name.get(name) if isinstance(name, str) else None
         if spec is None:
-            raise ContextLimitUnknown(f"{name}: unknown model (not in the model registry)", model=str(name))
+            raise ContextLimitUnknown(
+                f"{name}: unknown model (not in the model registry); add it in a models file named by "
+                f"TRACKER_MODELS_FILE, format in docs/models.md",
+                model=str(name),
+            )
         return spec
 
     def input_limit(self, name: str | ModelSpec, policy: Policy) -> int:
-        """SPEC §3 input limit of the model under ``policy``; fails closed with ContextLimitUnknown."""
+        """behaviour.md "Policy" input limit of the model under ``policy``; fails closed with ContextLimitUnknown."""
         spec = self.get(name)  # type: ignore[arg-type]
         return resolve_input_limit(
             window=spec.window,

@@ -185,7 +185,19 @@ def run_demo(
         "schema_revision": revision,
         "elapsed_s": round(elapsed, 1),
         "sessions": _summaries(settings, outcomes),
+        "staged": _staged(plans),
         "distributed": {"redis": bool(settings.coordination.redis_url), "broker": bool(settings.counting.broker_url)},
+    }
+
+
+def _staged(plans: list[list[Plan]]) -> dict[str, Any]:
+    """The failures the demo causes on purpose, to show those paths (not faults of the tracker)."""
+    flat = [p for ps in plans for p in ps]
+    return {
+        "broken_compactor": [p.session_id for p in flat if p.broken_compactor],
+        "manual_compaction": [p.session_id for p in flat if p.manual_at is not None],
+        "slow_counter": [p.session_id for p in flat if p.slow_every],
+        "slow_every": max((p.slow_every for p in flat), default=0),
     }
 
 
