@@ -18,7 +18,10 @@ and ``postgresql://`` get the psycopg driver), the project's only URL normaliser
 
 from __future__ import annotations
 
+import random
+import sqlite3
 import time
+from typing import Any
 
 from sqlalchemy import create_engine, event
 from sqlalchemy import exc as sa_exc
@@ -58,7 +61,7 @@ def _sqlite_engine(url: str) -> Engine:
         dbapi_conn.isolation_level = None  # we issue BEGIN ourselves (below)
         cur = dbapi_conn.cursor()
         cur.execute("PRAGMA busy_timeout = 30000")
-        cur.execute("PRAGMA journal_mode = WAL")
+        _ensure_wal(cur)
         cur.execute("PRAGMA synchronous = FULL")
         cur.close()
 
@@ -67,6 +70,26 @@ def _sqlite_engine(url: str) -> Engine:
         conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get("ct_write") else "BEGIN")
 
     return engine
+
+
+def _ensure_wal(cur: Any) -> None:
+    """Switch the file to WAL once; it is a property of the file, so later connections only check it.
+
+    Changing the journal mode needs an exclusive lock and SQLite answers ``database is locked`` at
+    once, without its busy handler, while another connection holds the file. So the switch is
+    retried for a while; the check alone takes no such lock.
+    """
+    if str(cur.execute("PRAGMA journal_mode").fetchone()[0]).lower() == "wal":
+        return
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            cur.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.01 + random.random() * 0.04)
 
 
 def _postgres_engine(url: str) -> Engine:
