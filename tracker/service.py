@@ -73,6 +73,7 @@ log = logging.getLogger("tracker.service")
 CONFLICT_RETRY_S = 30.0
 STATE_CACHE_SIZE = 10_000  # sessions whose last recorded state this process keeps
 CONTENDED_S = 1.0  # after a lost race, decide under the session lock for this long (renewed while contended)
+_UNLOCKED = nullcontext(False)  # (reusable: a nullcontext keeps no state between uses)
 
 
 class Tracker:
@@ -168,9 +169,10 @@ class Tracker:
         # made under the coordinator's lock on the state read under it, so contenders queue
         # up instead of appending on stale states.
         locked = self._is_contended(session_id)
+        traced = telemetry.active()  # asked once: with tracing and id-logging off, no span is built
         while True:
-            lock = self.coordinator.session_lock(session_id) if locked else nullcontext(False)
-            with telemetry.span("tracker.coordination"), lock:
+            lock = self.coordinator.session_lock(session_id) if locked else _UNLOCKED
+            with telemetry.span("tracker.coordination") if traced else _UNLOCKED, lock:
                 # Unlocked, the state this process last recorded is used optimistically: if another
                 # process appended since, the append is refused by its version check and we re-decide.
                 # So a cached state is never trusted alone.
@@ -184,7 +186,7 @@ class Tracker:
                         else:
                             self._contended.put(session_id, time.monotonic())
                 try:
-                    with telemetry.span("tracker.decide"):
+                    with telemetry.span("tracker.decide") if traced else _UNLOCKED:
                         outcome = decide(state)
                 except TrackerError:
                     if fresh:
@@ -197,7 +199,7 @@ class Tracker:
                         continue
                     return outcome, state.version
                 try:
-                    with telemetry.span("tracker.append"):
+                    with telemetry.span("tracker.append") if traced else _UNLOCKED:
                         result = self.store.append(
                             session_id,
                             state.version,
@@ -302,9 +304,10 @@ class Tracker:
         if model is not None:
             check_text("model", model)
         # validate the per-request threshold before counting (bad input writes nothing)
-        resolve_threshold(
-            self.policy.compact_at_bp, self.policy.rearm_below_bp, compaction_threshold, scope, scope_confidence
-        )
+        if compaction_threshold is not None or scope is not None or scope_confidence is not None:
+            resolve_threshold(
+                self.policy.compact_at_bp, self.policy.rearm_below_bp, compaction_threshold, scope, scope_confidence
+            )
 
         if idempotency_key is not None:  # a retry: the original answer, before any (re)counting
             replay = self._recorded_answer(session_id, idempotency_key, "observe", None)
@@ -317,6 +320,7 @@ class Tracker:
                 return Result(session_id=session_id, version=version, decision=_decision(outcome, session_id))
         # A bare basis ("msg-41") means "at the session's current revision": it is resolved
         # inside the decision, against the state being decided on (validated here first).
+        parsed = measurement is not None
         if measurement is not None:
             m = measurement if isinstance(measurement, Measurement) else Measurement.from_data(measurement, 1)
             raw_basis: Any = measurement.basis if isinstance(measurement, Measurement) else measurement["basis"]
@@ -356,7 +360,7 @@ class Tracker:
             lambda st: decide_measure(
                 st,
                 self.policy,
-                _at_revision(m, raw_basis, st.revision),
+                _at_revision(m, raw_basis, st.revision, parsed),
                 now=self.clock(),
                 new_attempt_id=attempt_id,
                 compaction_threshold=compaction_threshold,
@@ -531,8 +535,11 @@ def _same_request(
         raise InvalidInput("idempotency_key", "was already used for a different call on this session")
 
 
-def _at_revision(m: Measurement, raw_basis: Any, revision: int) -> Measurement:
-    """Resolve a bare basis at the revision of the state being decided on."""
+def _at_revision(m: Measurement, raw_basis: Any, revision: int, parsed: bool = False) -> Measurement:
+    """Resolve a bare basis at the revision of the state being decided on. ``parsed``: ``m.basis``
+    is ``raw_basis`` parsed (at revision 1, or explicit), so at ``m.basis.revision`` it is ``m``'s."""
+    if parsed and revision == m.basis.revision:
+        return m
     b = Basis.parse(raw_basis, revision)
     return m if b == m.basis else dataclasses.replace(m, basis=b)
 

@@ -133,10 +133,9 @@ def tracing() -> bool:
     """Whether spans go anywhere: a real tracer provider is installed (by :func:`configure` or the host)."""
     if _state["tracing"]:
         return True
-    if "opentelemetry.trace" not in sys.modules:
+    trace = sys.modules.get("opentelemetry.trace")  # (no import machinery on the hot path)
+    if trace is None:
         return False
-    from opentelemetry import trace
-
     if isinstance(trace.get_tracer_provider(), (trace.ProxyTracerProvider, trace.NoOpTracerProvider)):
         return False
     _state["tracing"] = True
@@ -265,6 +264,12 @@ class Span:
                 context.detach(self._ctx)
             if self._token is not None:
                 _IDS.reset(self._token)
+
+
+def active() -> bool:
+    """Whether :func:`span` makes spans now (tracing or id-logging is on): a caller that opens
+    several spans in a row can ask once and skip building them when it is off."""
+    return _state["tracing"] or _state["ids"] or tracing()
 
 
 def span(name: str, **attributes: Any) -> Span | _NoSpan:

@@ -10,7 +10,7 @@ refusal is on the record before the caller hears about it).
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, TypeVar
 
 from tracker.core.events import (
     CompactionCommitted,
@@ -23,10 +23,17 @@ from tracker.core.events import (
     MeasurementRefused,
     SessionStarted,
 )
-from tracker.core.model import Action, Basis, Measurement, Pressure, Trigger, check_text, is_int, occupancy_bp
+from tracker.core.model import FULL_SCALE_BP, Action, Basis, Measurement, Pressure, Trigger, check_text, is_int
 from tracker.core.policy import Policy
 from tracker.core.state import Attempt, SessionState, apply, episode_after
-from tracker.core.thresholds import Levels, growth_fired, history_budget, levels, resolve_threshold
+from tracker.core.thresholds import (
+    Levels,
+    default_threshold,
+    growth_fired,
+    history_budget,
+    levels_at,
+    resolve_threshold,
+)
 from tracker.errors import (
     AttemptNotOpen,
     ContextLimitError,
@@ -40,6 +47,8 @@ from tracker.errors import (
     TrackerError,
     UnknownAttempt,
 )
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -236,19 +245,23 @@ def decide_measure(
     """One accepted measurement → exactly one action (behaviour.md "Decisions")."""
     # Bad input first: nothing is recorded for it.
     policy_now = state.policy or default_policy
-    threshold = resolve_threshold(
-        policy_now.compact_at_bp, policy_now.rearm_below_bp, compaction_threshold, scope, scope_confidence
-    )
+    if compaction_threshold is None and scope is None and scope_confidence is None:
+        threshold = default_threshold(policy_now.compact_at_bp, policy_now.rearm_below_bp)
+    else:
+        threshold = resolve_threshold(
+            policy_now.compact_at_bp, policy_now.rearm_below_bp, compaction_threshold, scope, scope_confidence
+        )
     overhead = _overhead(overhead_tokens)
     basis = measurement.basis
     if basis.revision > state.revision:
         raise InvalidInput("basis.revision", f"r{basis.revision} is ahead of the session's revision r{state.revision}")
 
     s, events, policy = _begin(state, default_policy, now)
+    basis_s = str(basis)
 
     if basis.revision < s.revision:
-        events.append(MeasurementRefused(kind="stale_basis", basis=str(basis), current_revision=s.revision, at=now))
-        return outcome(state, events, error=stale_basis_error(str(basis), s.revision))
+        events.append(MeasurementRefused(kind="stale_basis", basis=basis_s, current_revision=s.revision, at=now))
+        return outcome(state, events, error=stale_basis_error(basis_s, s.revision))
     if not policy.allows_quality(measurement.quality):
         err = QualityMismatch(
             f"quality {measurement.quality} is not allowed by counter_policy {policy.counter_policy}",
@@ -257,14 +270,15 @@ def decide_measure(
         )
         events.append(
             CountFailed(
-                kind=err.kind, model=measurement.model.name, detail=err.message, duration_ms=0, basis=str(basis), at=now
+                kind=err.kind, model=measurement.model.name, detail=err.message, duration_ms=0, basis=basis_s, at=now
             )
         )
         return outcome(state, events, error=err)
 
     used, L = measurement.input_tokens, measurement.input_limit
-    lv = levels(threshold, L)
-    occ = occupancy_bp(used, L)
+    lv = levels_at(threshold.bp, threshold.rearm_bp, L)
+    # = occupancy_bp(used, L): a Measurement's counts are validated integers (used >= 0, L > 0)
+    occ = min(FULL_SCALE_BP, used * FULL_SCALE_BP // L)
     before = s.pressure
     pressure = _pressure(policy, before, used, lv)
     prev = (s.last.input_tokens, s.last.input_limit) if s.last and s.last.revision == basis.revision else None
@@ -275,7 +289,7 @@ def decide_measure(
     eligible = (
         policy.automatic
         and (pressure in ("compact", "hard_limit") or grew)
-        and str(basis) not in s.exhausted
+        and basis_s not in s.exhausted
         and open_auto is None
         and episode < policy.max_automatic_per_episode
     )
@@ -292,21 +306,24 @@ def decide_measure(
         action = "proceed"
 
     events.append(
-        ContextMeasured(
-            measurement=measurement.to_data(),
-            occupancy_bp=occ,
-            pressure_before=before,
-            pressure=pressure,
-            threshold_bp=threshold.bp,
-            threshold_source=threshold.source,
-            compact_level=lv.compact,
-            rearm_level=lv.rearm,
-            hard_level=lv.hard,
-            growth_fired=grew,
-            action=action,
-            trigger=trigger,
-            at=now,
-            inputs=_inputs(compaction_threshold, scope, scope_confidence, overhead_tokens),
+        _built(
+            ContextMeasured,
+            {
+                "measurement": measurement.to_data(),
+                "occupancy_bp": occ,
+                "pressure_before": before,
+                "pressure": pressure,
+                "threshold_bp": threshold.bp,
+                "threshold_source": threshold.source,
+                "compact_level": lv.compact,
+                "rearm_level": lv.rearm,
+                "hard_level": lv.hard,
+                "growth_fired": grew,
+                "action": action,
+                "trigger": trigger,
+                "at": now,
+                "inputs": _inputs(compaction_threshold, scope, scope_confidence, overhead_tokens),
+            },
         )
     )
     opened: Attempt | None = None
@@ -316,7 +333,7 @@ def decide_measure(
             attempt_id=new_attempt_id,
             reason="automatic",
             trigger=trigger or "threshold",
-            basis=str(basis),
+            basis=basis_s,
             fencing_token=s.attempts_opened + 1,
             opened_at=now,
             lease_expires_at=now + policy.attempt_lease_s,
@@ -327,24 +344,27 @@ def decide_measure(
         events.append(started)
         opened = Attempt.from_started(started)
     elif action == "context_limit":
-        events.append(ContextLimitReached(basis=str(basis), input_tokens=used, input_limit=L, at=now))
-        error = context_limit_error(str(basis), used, L)
-    decision = Decision(
-        action=action,
-        pressure=pressure,
-        pressure_before=before,
-        occupancy_bp=occ,
-        threshold_bp=threshold.bp,
-        threshold_source=threshold.source,
-        compact_level=lv.compact,
-        rearm_level=lv.rearm,
-        hard_level=lv.hard,
-        growth_fired=grew,
-        trigger=trigger,
-        basis=str(basis),
-        revision=basis.revision,
-        attempt=opened,
-        waiting_on=open_auto if action == "wait" else None,
+        events.append(ContextLimitReached(basis=basis_s, input_tokens=used, input_limit=L, at=now))
+        error = context_limit_error(basis_s, used, L)
+    decision = _built(
+        Decision,
+        {
+            "action": action,
+            "pressure": pressure,
+            "pressure_before": before,
+            "occupancy_bp": occ,
+            "threshold_bp": threshold.bp,
+            "threshold_source": threshold.source,
+            "compact_level": lv.compact,
+            "rearm_level": lv.rearm,
+            "hard_level": lv.hard,
+            "growth_fired": grew,
+            "trigger": trigger,
+            "basis": basis_s,
+            "revision": basis.revision,
+            "attempt": opened,
+            "waiting_on": open_auto if action == "wait" else None,
+        },
     )
     return outcome(state, events, decision=decision, error=error)
 
@@ -530,9 +550,19 @@ def decide_reject(
     return outcome(state, events, attempt=held)
 
 
+def _built(cls: type[_T], values: dict[str, Any]) -> _T:
+    """``cls(**values)`` for a frozen dataclass without validation (``Decision``, ``ContextMeasured``),
+    given every one of its fields: one dict update instead of a ``object.__setattr__`` per field."""
+    new = object.__new__(cls)
+    new.__dict__.update(values)
+    return new
+
+
 def _inputs(
     compaction_threshold: Any, scope: Any, scope_confidence: Any, overhead_tokens: Any
 ) -> dict[str, Any] | None:
+    if compaction_threshold is None and scope is None and scope_confidence is None and overhead_tokens is None:
+        return None
     given = {
         "compaction_threshold": compaction_threshold,
         "scope": scope,

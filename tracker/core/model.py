@@ -41,6 +41,7 @@ _SESSION_ID = re.compile(r"^[A-Za-z0-9._:-]{1,200}$")
 # C0 and C1 control characters (NUL and ESC included) and lone surrogates (not encodable as UTF-8)
 _UNSAFE_TEXT = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
+_EXPLICIT_BASIS = re.compile(r"^r(\d+):(.+)$")
 
 
 def check_session_id(session_id: Any) -> str:
@@ -99,7 +100,7 @@ class Basis:
             return cls(text.get("revision"), text.get("through"))  # type: ignore[arg-type]
         if not isinstance(text, str) or not text:
             raise InvalidInput("basis", f"must be a non-empty string like 'r2:msg-41', got {text!r}")
-        m = re.match(r"^r(\d+):(.+)$", text)
+        m = _EXPLICIT_BASIS.match(text)
         if m:
             return cls(int(m.group(1)), m.group(2))
         return cls(current_revision, text)

@@ -185,6 +185,13 @@ def _evolve(state: SessionState, changes: dict[str, Any]) -> SessionState:
     return new
 
 
+def _last_measurement(values: dict[str, Any]) -> LastMeasurement:
+    """``LastMeasurement(**values)`` (every field given; it validates nothing) in one dict update."""
+    new = object.__new__(LastMeasurement)
+    new.__dict__.update(values)
+    return new
+
+
 def apply(state: SessionState, event: DomainEvent) -> SessionState:
     """The one transition function. Pure."""
     base = {"version": state.version + 1, "counts": _bump(state.counts, event.TYPE)}
@@ -194,14 +201,16 @@ def apply(state: SessionState, event: DomainEvent) -> SessionState:
         base.update(
             pressure=event.pressure,
             episode_automatic=episode_after(event.pressure, state.episode_automatic),
-            last=LastMeasurement(
-                basis=m["basis"],
-                revision=revision,
-                input_tokens=m["input_tokens"],
-                input_limit=m["input_limit"],
-                occupancy_bp=event.occupancy_bp,
-                action=event.action,
-                at=event.at,
+            last=_last_measurement(
+                {
+                    "basis": m["basis"],
+                    "revision": revision,
+                    "input_tokens": m["input_tokens"],
+                    "input_limit": m["input_limit"],
+                    "occupancy_bp": event.occupancy_bp,
+                    "action": event.action,
+                    "at": event.at,
+                }
             ),
         )
         return _evolve(state, base)

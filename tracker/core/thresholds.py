@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from fractions import Fraction
+from functools import lru_cache
 from typing import Any
 
 from tracker.core.model import (
@@ -93,6 +94,12 @@ def resolve_threshold(
     return Threshold(bp=c, rearm_bp=rearm_below_bp * c // base_bp, source=source)
 
 
+@lru_cache(maxsize=64)  # a memo of a pure function (the policy's own threshold): one per policy seen
+def default_threshold(base_bp: int, rearm_below_bp: int) -> Threshold:
+    """``resolve_threshold(base_bp, rearm_below_bp)`` with no per-request input (the common case)."""
+    return resolve_threshold(base_bp, rearm_below_bp)
+
+
 @dataclass(frozen=True)
 class Levels:
     compact: int
@@ -102,7 +109,13 @@ class Levels:
 
 def levels(threshold: Threshold, input_limit: int) -> Levels:
     """behaviour.md "Thresholds".3: token levels, with the 300k ceiling on the compact and rearm levels only."""
-    c, r, L = threshold.bp, threshold.rearm_bp, input_limit
+    return levels_at(threshold.bp, threshold.rearm_bp, input_limit)
+
+
+@lru_cache(maxsize=1024)  # a memo of a pure function: few (threshold, limit) pairs recur on the hot path
+def levels_at(c: int, r: int, input_limit: int) -> Levels:
+    """:func:`levels` of the threshold ``c`` / rearm ``r`` (basis points) on ``input_limit``."""
+    L = input_limit
     compact = min(WINDOW_CEILING, ceil_div(c * L, FULL_SCALE_BP))
     rearm = min(ceil_div(r * L, FULL_SCALE_BP), ceil_div(WINDOW_CEILING * r, c))
     return Levels(compact=compact, rearm=rearm, hard=L)

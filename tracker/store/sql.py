@@ -306,8 +306,9 @@ class SqlEventStore:
     # -- validation ------------------------------------------------------------------------------
 
     def _validate(
-        self, session_id: Any, expected_version: Any, events: Any, idempotency_key: Any
+        self, session_id: Any, expected_version: Any, events: Any, idempotency_key: Any, parse: bool = True
     ) -> tuple[list[str], list[str], list[dict[str, Any]]]:
+        """(types, JSON texts, and — with ``parse`` — the data as a reader will get it back)."""
         check_session_id(session_id)
         if not isinstance(expected_version, int) or isinstance(expected_version, bool) or expected_version < 0:
             raise InvalidInput("expected_version", f"must be an integer >= 0, got {expected_version!r}")
@@ -354,7 +355,8 @@ class SqlEventStore:
                 raise InvalidInput(f"events[{i}].data", "strings must not contain NUL (\\u0000)")
             types.append(etype)
             texts.append(text)
-            datas.append(json.loads(text))  # what a reader will get back
+            if parse:
+                datas.append(json.loads(text))  # what a reader will get back
         return types, texts, datas
 
     # -- projection cache ------------------------------------------------------------------------
@@ -437,7 +439,9 @@ class SqlEventStore:
         folded it (the service has: it decided on that state); it must be what the projector
         would fold, and ``tracker verify`` checks that it was. Default: the store folds.
         """
-        types, texts, datas = self._validate(session_id, expected_version, events, idempotency_key)
+        # Postgres, given the state after the append, folds nothing: it needs no parsed data.
+        parse = self._pg is None or projected is None or self.projector is None
+        types, texts, datas = self._validate(session_id, expected_version, events, idempotency_key, parse)
         try:
             with map_db_errors("append"):
                 if self._pg is not None:
