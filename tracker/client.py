@@ -26,7 +26,8 @@ import asyncio
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
@@ -153,6 +154,65 @@ def _path(*parts: str) -> str:
     return API_PREFIX + "".join("/" + quote(p, safe="") for p in parts)
 
 
+@dataclass(frozen=True)
+class _Call:
+    """One request as data, and how its answer becomes the ``Tracker``'s type (both clients run these)."""
+
+    method: str
+    path: str
+    parse: Callable[[Any], Any]
+    json: Any = None
+    params: dict[str, Any] | None = None
+
+
+def _observe_call(session_id: str, **kw: Any) -> _Call:
+    return _Call("POST", _path("sessions", session_id, "observe"), _result, json=_observe_body(**kw))
+
+
+def _manual_call(
+    session_id: str, basis: Basis | str | None, overhead_tokens: int | None, idempotency_key: str | None
+) -> _Call:
+    body = {
+        "idempotency_key": _key(idempotency_key),
+        "basis": str(basis) if basis is not None else None,
+        "overhead_tokens": overhead_tokens,
+    }
+    return _Call("POST", _path("sessions", session_id, "compactions"), lambda d: Attempt(**d), json=body)
+
+
+def _end_call(session_id: str, attempt_id: str, verb: str, body: dict[str, Any], idempotency_key: str | None) -> _Call:
+    """A commit or a reject of the attempt."""
+    path = _path("sessions", session_id, "compactions", attempt_id, verb)
+    return _Call("POST", path, SessionState.from_data, json={**body, "idempotency_key": _key(idempotency_key)})
+
+
+def _state_call(session_id: str) -> _Call:
+    return _Call("GET", _path("sessions", session_id), SessionState.from_data)
+
+
+def _wait_call(session_id: str, attempt_id: str, left: float) -> _Call:
+    path = _path("sessions", session_id, "compactions", attempt_id, "wait")
+    return _Call("GET", path, lambda d: str(d["outcome"]), params={"timeout": min(left, MAX_WAIT_PER_REQUEST_S)})
+
+
+def _history_call(session_id: str, version: int) -> _Call:
+    params = {"from_version": version, "limit": HISTORY_PAGE}
+    return _Call("GET", _path("sessions", session_id, "history"), lambda d: d, params=params)
+
+
+def _sessions_call(params: dict[str, Any]) -> _Call:
+    return _Call("GET", _path("sessions"), lambda d: d, params=params)
+
+
+def _check_timeout(timeout: Any) -> None:
+    if not isinstance(timeout, (int, float)) or timeout < 0:
+        raise InvalidInput("timeout", f"must be a number >= 0, got {timeout!r}")
+
+
+def _still_open(attempt_id: str, timeout: float) -> WaitTimeout:
+    return WaitTimeout(f"attempt {attempt_id} still open after {timeout}s", attempt_id=attempt_id)
+
+
 class _Base:
     def __init__(self, base_url: str, api_key: str, *, timeout: float, retries: int, backoff_s: float) -> None:
         if not isinstance(retries, int) or retries < 0:
@@ -166,9 +226,20 @@ class _Base:
     def _delay(self, attempt: int) -> float:
         return random.uniform(0, self.backoff_s * 2**attempt)  # full jitter
 
-    @staticmethod
-    def _unavailable(exc: Exception) -> StoreUnavailable:
-        return StoreUnavailable(f"the tracker could not be reached: {type(exc).__name__}: {exc}")
+    def _settle(self, call: _Call, attempt: int, response: httpx.Response | None, exc: Exception | None) -> Any:
+        """The parsed answer, ``_RETRY`` to try again after a pause, or the typed error raised."""
+        if response is None:
+            if attempt == self.retries:
+                raise StoreUnavailable(f"the tracker could not be reached: {type(exc).__name__}: {exc}") from exc
+            return _RETRY
+        if response.status_code in (200, 201):
+            return call.parse(response.json())
+        if not _retryable(response) or attempt == self.retries:
+            raise _error(response)
+        return _RETRY
+
+
+_RETRY = object()
 
 
 class TrackerClient(_Base):
@@ -196,26 +267,16 @@ class TrackerClient(_Base):
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def _call(
-        self,
-        method: str,
-        path: str,
-        *,
-        json: Any = None,
-        params: dict[str, Any] | None = None,
-        ok: tuple[int, ...] = (200, 201),
-    ) -> httpx.Response:
+    def _run(self, call: _Call) -> Any:
         for attempt in range(self.retries + 1):
             try:
-                response = self._http.request(method, path, json=json, params=params)
+                response = self._http.request(call.method, call.path, json=call.json, params=call.params)
             except httpx.TransportError as exc:
-                if attempt == self.retries:
-                    raise self._unavailable(exc) from exc
+                answer = self._settle(call, attempt, None, exc)
             else:
-                if response.status_code in ok:
-                    return response
-                if not _retryable(response) or attempt == self.retries:
-                    raise _error(response)
+                answer = self._settle(call, attempt, response, None)
+            if answer is not _RETRY:
+                return answer
             time.sleep(self._delay(attempt))
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -234,18 +295,20 @@ class TrackerClient(_Base):
         overhead_tokens: int | None = None,
         idempotency_key: str | None = None,
     ) -> Result:
-        body = _observe_body(
-            request,
-            measurement,
-            model,
-            basis,
-            compaction_threshold,
-            scope,
-            scope_confidence,
-            overhead_tokens,
-            idempotency_key,
+        return self._run(
+            _observe_call(
+                session_id,
+                request=request,
+                measurement=measurement,
+                model=model,
+                basis=basis,
+                compaction_threshold=compaction_threshold,
+                scope=scope,
+                scope_confidence=scope_confidence,
+                overhead_tokens=overhead_tokens,
+                idempotency_key=idempotency_key,
+            )
         )
-        return _result(self._call("POST", _path("sessions", session_id, "observe"), json=body).json())
 
     def request_compaction(
         self,
@@ -255,12 +318,7 @@ class TrackerClient(_Base):
         overhead_tokens: int | None = None,
         idempotency_key: str | None = None,
     ) -> Attempt:
-        body = {
-            "idempotency_key": _key(idempotency_key),
-            "basis": str(basis) if basis is not None else None,
-            "overhead_tokens": overhead_tokens,
-        }
-        return Attempt(**self._call("POST", _path("sessions", session_id, "compactions"), json=body).json())
+        return self._run(_manual_call(session_id, basis, overhead_tokens, idempotency_key))
 
     def commit(
         self,
@@ -270,10 +328,8 @@ class TrackerClient(_Base):
         tokens_after: int,
         idempotency_key: str | None = None,
     ) -> SessionState:
-        body = {"fencing_token": fencing_token, "tokens_after": tokens_after, "idempotency_key": _key(idempotency_key)}
-        return SessionState.from_data(
-            self._call("POST", _path("sessions", session_id, "compactions", attempt_id, "commit"), json=body).json()
-        )
+        body = {"fencing_token": fencing_token, "tokens_after": tokens_after}
+        return self._run(_end_call(session_id, attempt_id, "commit", body, idempotency_key))
 
     def reject(
         self,
@@ -283,42 +339,28 @@ class TrackerClient(_Base):
         reject_reason: str,
         idempotency_key: str | None = None,
     ) -> SessionState:
-        body = {
-            "fencing_token": fencing_token,
-            "reject_reason": reject_reason,
-            "idempotency_key": _key(idempotency_key),
-        }
-        return SessionState.from_data(
-            self._call("POST", _path("sessions", session_id, "compactions", attempt_id, "reject"), json=body).json()
-        )
+        body = {"fencing_token": fencing_token, "reject_reason": reject_reason}
+        return self._run(_end_call(session_id, attempt_id, "reject", body, idempotency_key))
 
     def wait(self, session_id: str, attempt_id: str, timeout: float = 30.0) -> str:
         """Block until the attempt ends: 'committed' or 'rejected:<reason>'. Raises ``WaitTimeout``."""
-        if not isinstance(timeout, (int, float)) or timeout < 0:
-            raise InvalidInput("timeout", f"must be a number >= 0, got {timeout!r}")
+        _check_timeout(timeout)
         deadline = time.monotonic() + timeout
-        path = _path("sessions", session_id, "compactions", attempt_id, "wait")
         while True:
-            left = max(0.0, deadline - time.monotonic())
             try:
-                data = self._call("GET", path, params={"timeout": min(left, MAX_WAIT_PER_REQUEST_S)}).json()
-                return str(data["outcome"])
+                return self._run(_wait_call(session_id, attempt_id, max(0.0, deadline - time.monotonic())))
             except WaitTimeout:
                 if time.monotonic() >= deadline:
-                    raise WaitTimeout(
-                        f"attempt {attempt_id} still open after {timeout}s", attempt_id=attempt_id
-                    ) from None
+                    raise _still_open(attempt_id, timeout) from None
 
     def state(self, session_id: str) -> SessionState:
-        return SessionState.from_data(self._call("GET", _path("sessions", session_id)).json())
+        return self._run(_state_call(session_id))
 
     def history(self, session_id: str, from_version: int = 1) -> Iterator[StoredEvent]:
         """Every event of the session from ``from_version`` on, fetched page by page."""
         version = from_version
         while True:
-            page = self._call(
-                "GET", _path("sessions", session_id, "history"), params={"from_version": version, "limit": HISTORY_PAGE}
-            ).json()
+            page = self._run(_history_call(session_id, version))
             yield from (_event(e) for e in page["events"])
             if not page["has_more"]:
                 return
@@ -336,8 +378,7 @@ class TrackerClient(_Base):
         """
         cursor: str | None = None
         while True:
-            params = _sessions_params(pressure, since, page_size, cursor)
-            page = self._call("GET", _path("sessions"), params=params).json()
+            page = self._run(_sessions_call(_sessions_params(pressure, since, page_size, cursor)))
             yield from page["sessions"]
             cursor = page.get("next_cursor")
             if not cursor:
@@ -371,26 +412,16 @@ class AsyncTrackerClient(_Base):
     async def __aexit__(self, *exc: Any) -> None:
         await self.aclose()
 
-    async def _call(
-        self,
-        method: str,
-        path: str,
-        *,
-        json: Any = None,
-        params: dict[str, Any] | None = None,
-        ok: tuple[int, ...] = (200, 201),
-    ) -> httpx.Response:
+    async def _run(self, call: _Call) -> Any:
         for attempt in range(self.retries + 1):
             try:
-                response = await self._http.request(method, path, json=json, params=params)
+                response = await self._http.request(call.method, call.path, json=call.json, params=call.params)
             except httpx.TransportError as exc:
-                if attempt == self.retries:
-                    raise self._unavailable(exc) from exc
+                answer = self._settle(call, attempt, None, exc)
             else:
-                if response.status_code in ok:
-                    return response
-                if not _retryable(response) or attempt == self.retries:
-                    raise _error(response)
+                answer = self._settle(call, attempt, response, None)
+            if answer is not _RETRY:
+                return answer
             await asyncio.sleep(self._delay(attempt))
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -408,18 +439,20 @@ class AsyncTrackerClient(_Base):
         overhead_tokens: int | None = None,
         idempotency_key: str | None = None,
     ) -> Result:
-        body = _observe_body(
-            request,
-            measurement,
-            model,
-            basis,
-            compaction_threshold,
-            scope,
-            scope_confidence,
-            overhead_tokens,
-            idempotency_key,
+        return await self._run(
+            _observe_call(
+                session_id,
+                request=request,
+                measurement=measurement,
+                model=model,
+                basis=basis,
+                compaction_threshold=compaction_threshold,
+                scope=scope,
+                scope_confidence=scope_confidence,
+                overhead_tokens=overhead_tokens,
+                idempotency_key=idempotency_key,
+            )
         )
-        return _result((await self._call("POST", _path("sessions", session_id, "observe"), json=body)).json())
 
     async def request_compaction(
         self,
@@ -429,12 +462,7 @@ class AsyncTrackerClient(_Base):
         overhead_tokens: int | None = None,
         idempotency_key: str | None = None,
     ) -> Attempt:
-        body = {
-            "idempotency_key": _key(idempotency_key),
-            "basis": str(basis) if basis is not None else None,
-            "overhead_tokens": overhead_tokens,
-        }
-        return Attempt(**(await self._call("POST", _path("sessions", session_id, "compactions"), json=body)).json())
+        return await self._run(_manual_call(session_id, basis, overhead_tokens, idempotency_key))
 
     async def commit(
         self,
@@ -444,11 +472,8 @@ class AsyncTrackerClient(_Base):
         tokens_after: int,
         idempotency_key: str | None = None,
     ) -> SessionState:
-        body = {"fencing_token": fencing_token, "tokens_after": tokens_after, "idempotency_key": _key(idempotency_key)}
-        response = await self._call(
-            "POST", _path("sessions", session_id, "compactions", attempt_id, "commit"), json=body
-        )
-        return SessionState.from_data(response.json())
+        body = {"fencing_token": fencing_token, "tokens_after": tokens_after}
+        return await self._run(_end_call(session_id, attempt_id, "commit", body, idempotency_key))
 
     async def reject(
         self,
@@ -458,45 +483,26 @@ class AsyncTrackerClient(_Base):
         reject_reason: str,
         idempotency_key: str | None = None,
     ) -> SessionState:
-        body = {
-            "fencing_token": fencing_token,
-            "reject_reason": reject_reason,
-            "idempotency_key": _key(idempotency_key),
-        }
-        response = await self._call(
-            "POST", _path("sessions", session_id, "compactions", attempt_id, "reject"), json=body
-        )
-        return SessionState.from_data(response.json())
+        body = {"fencing_token": fencing_token, "reject_reason": reject_reason}
+        return await self._run(_end_call(session_id, attempt_id, "reject", body, idempotency_key))
 
     async def wait(self, session_id: str, attempt_id: str, timeout: float = 30.0) -> str:
-        if not isinstance(timeout, (int, float)) or timeout < 0:
-            raise InvalidInput("timeout", f"must be a number >= 0, got {timeout!r}")
+        _check_timeout(timeout)
         deadline = time.monotonic() + timeout
-        path = _path("sessions", session_id, "compactions", attempt_id, "wait")
         while True:
-            left = max(0.0, deadline - time.monotonic())
             try:
-                response = await self._call("GET", path, params={"timeout": min(left, MAX_WAIT_PER_REQUEST_S)})
-                return str(response.json()["outcome"])
+                return await self._run(_wait_call(session_id, attempt_id, max(0.0, deadline - time.monotonic())))
             except WaitTimeout:
                 if time.monotonic() >= deadline:
-                    raise WaitTimeout(
-                        f"attempt {attempt_id} still open after {timeout}s", attempt_id=attempt_id
-                    ) from None
+                    raise _still_open(attempt_id, timeout) from None
 
     async def state(self, session_id: str) -> SessionState:
-        return SessionState.from_data((await self._call("GET", _path("sessions", session_id))).json())
+        return await self._run(_state_call(session_id))
 
     async def history(self, session_id: str, from_version: int = 1) -> AsyncIterator[StoredEvent]:
         version = from_version
         while True:
-            page = (
-                await self._call(
-                    "GET",
-                    _path("sessions", session_id, "history"),
-                    params={"from_version": version, "limit": HISTORY_PAGE},
-                )
-            ).json()
+            page = await self._run(_history_call(session_id, version))
             for e in page["events"]:
                 yield _event(e)
             if not page["has_more"]:
@@ -509,10 +515,9 @@ class AsyncTrackerClient(_Base):
         """The fleet's sessions, most recently active first (see ``TrackerClient.sessions``)."""
         cursor: str | None = None
         while True:
-            params = _sessions_params(pressure, since, page_size, cursor)
-            page = (await self._call("GET", _path("sessions"), params=params)).json()
-            for s in page["sessions"]:
-                yield s
+            page = await self._run(_sessions_call(_sessions_params(pressure, since, page_size, cursor)))
+            for row in page["sessions"]:
+                yield row
             cursor = page.get("next_cursor")
             if not cursor:
                 return
