@@ -19,7 +19,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -31,7 +30,7 @@ import httpx
 import pytest
 
 from tests.conftest import REDIS_URL, _sqlalchemy_url, create_pg_database, drop_pg_database
-from tracker.bench.procs import WorkerProcess, free_port
+from tracker.bench.procs import WorkerProcess, free_port, start_server
 from tracker.counting.celery import make_celery_app
 from tracker.settings import Settings
 
@@ -450,7 +449,7 @@ def test_json_logs_carry_the_ids_and_no_secrets(tmp_path):
             env.pop(var, None)
         port = free_port()
         with open(log_path, "wb") as log_file:
-            proc = _start_logged_server(env, port, log_file)
+            proc = start_server(env, port, log_file=log_file)
             with httpx.Client(
                 base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {token}"}, timeout=30
             ) as c:
@@ -498,27 +497,6 @@ def test_json_logs_carry_the_ids_and_no_secrets(tmp_path):
     for secret in (password, token, provider_key):
         assert secret not in text
     assert "Bearer" not in text
-
-
-def _start_logged_server(env: dict[str, str], port: int, log_file: Any) -> subprocess.Popen:
-    """``tracker serve`` with its stdout and stderr in ``log_file`` (access log on), once /readyz says 200."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tracker.cli", "serve", "--port", str(port)],
-        env=env,
-        stdout=log_file,
-        stderr=subprocess.STDOUT,
-    )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, f"tracker serve exited with {proc.returncode}"
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    proc.kill()
-    raise AssertionError("tracker serve did not become ready")
 
 
 def test_the_monitoring_profile_provisions_the_shipped_files():

@@ -112,19 +112,26 @@ def free_port() -> int:
 
 
 def start_server(
-    env: Mapping[str, str], port: int, *extra: str, quiet: bool = True, timeout_s: float = 60
+    env: Mapping[str, str],
+    port: int,
+    *extra: str,
+    quiet: bool = True,
+    timeout_s: float = 60,
+    log_file: Any = None,
 ) -> subprocess.Popen:
     """``tracker serve`` in a subprocess on loopback, returned once /readyz answers 200.
 
-    ``env`` is the child's whole environment (its ``TRACKER_*`` configure the server).
+    ``env`` is the child's whole environment (its ``TRACKER_*`` configure the server). With
+    ``log_file`` (an open file) the server writes its stdout and stderr there, access log on.
     """
     import httpx
 
+    access = [] if log_file is not None else ["--no-access-log"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tracker.cli", "serve", "--port", str(port), "--no-access-log", *extra],
+        [sys.executable, "-m", "tracker.cli", "serve", "--port", str(port), *access, *extra],
         env=dict(env),
-        stdout=subprocess.DEVNULL if quiet else subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        stdout=log_file if log_file is not None else subprocess.DEVNULL if quiet else subprocess.PIPE,
+        stderr=subprocess.STDOUT if log_file is not None else subprocess.PIPE,
         text=True,
     )
     deadline = time.monotonic() + timeout_s
