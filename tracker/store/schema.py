@@ -34,6 +34,7 @@ from sqlalchemy import (
     String,
     Table,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.types import TypeDecorator
@@ -49,7 +50,7 @@ NAMING_CONVENTION = {
 metadata = MetaData(naming_convention=NAMING_CONVENTION)
 
 #: Advisory-lock key held (session-level, for microseconds) around "assign the
-#: transaction id + draw positions" in ``ct_append_events`` on PostgreSQL.
+#: transaction id + draw positions" in ``ct_append`` on PostgreSQL.
 APPEND_LOCK_KEY = 0x63745F617070  # "ct_app"
 #: Advisory-lock key serialising concurrent ``tracker db upgrade`` runs on PostgreSQL.
 MIGRATE_LOCK_KEY = 0x63745F6D6967  # "ct_mig"
@@ -108,9 +109,17 @@ events = Table(
     # (its sessions are "<fleet_id>:<session_id>"); the per-fleet feed reads (fleet, position)
     Column("fleet", String(200), nullable=False, server_default=""),
     UniqueConstraint("session_id", "version"),
-    UniqueConstraint("session_id", "idempotency_key"),
     CheckConstraint("version >= 1", name="version_positive"),
     Index("ix_events_fleet_position", "fleet", "position"),
+    # one use of an idempotency key per session; only the events that have one are indexed (migration 0006)
+    Index(
+        "uq_events_session_id_idempotency_key",
+        "session_id",
+        "idempotency_key",
+        unique=True,
+        postgresql_where=text("idempotency_key IS NOT NULL"),
+        sqlite_where=text("idempotency_key IS NOT NULL"),
+    ),
     # one session's events of a type (the session page's narrow reads; migration 0005)
     Index("ix_events_session_id_type_version", "session_id", "type", "version"),
     sqlite_autoincrement=True,

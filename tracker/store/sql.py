@@ -14,8 +14,8 @@ together or not at all. Optimistic concurrency: the caller passes the version it
 last saw; ``UNIQUE (session_id, version)`` plus a compare-and-set on
 ``sessions.version`` make exactly one of several racing writers win each version;
 the others get ``ConcurrencyConflict`` (with ``expected``/``actual``). An append
-may carry an idempotency key (stored on its first event, ``UNIQUE (session_id,
-idempotency_key)``, with ``batch_size``); a retry with the same key returns the
+may carry an idempotency key (stored on its first event, unique per session -- a partial index
+over the events that have one, migration 0006 -- with ``batch_size``); a retry with the same key returns the
 original result with ``replayed=True`` and writes nothing, even when
 ``expected_version`` is stale. All input is validated before anything is written.
 
@@ -23,8 +23,10 @@ The state after each append is cached per session with its version -- a version'
 state never changes -- so the usual "load, decide, append" loop does not re-read
 the projection.
 
-*PostgreSQL*: two round trips per append, through ``ct_append_events`` and
-``ct_put_session`` (migration 0001); see ``tracker.store.postgres``.
+*PostgreSQL*: one round trip per append, a prepared call of the server function
+``ct_append`` (migration 0003) that checks the idempotency key, compare-and-sets the
+projection row and inserts the events in one autocommit statement; a stale version or a
+used key comes back as a result row, not an error. See ``tracker.store.postgres``.
 
 *SQLite*: ``BEGIN IMMEDIATE`` takes the database's single write lock before the
 version check, so check + insert + projection are atomic; WAL mode, a busy
@@ -44,8 +46,7 @@ could read position 11 (committed) while 10 is still in flight, resume after 11
 and never see 10. We use a transaction-id watermark, made sound by a tiny
 critical section:
 
-1. Every append goes through ``ct_append_events`` as the first statement of its
-   transaction. Under a session-level advisory lock ``L`` it only (a) assigns the
+1. Every append goes through ``ct_append``, one statement in its own transaction. Under a session-level advisory lock ``L`` it only (a) assigns the
    transaction its id (``pg_current_xact_id()``) and (b) draws the events'
    positions (``nextval``), then releases ``L`` and inserts the rows, recording
    the transaction id in ``events.txid``. ``L`` is held for microseconds and never
