@@ -72,6 +72,12 @@ def create_app(runtime: Runtime | None = None, settings: Settings | None = None)
         redoc_url=None,
     )
     app.state.runtime = runtime
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:  # generated once, then cached by FastAPI
+        return app.openapi_schema or AuthMiddleware.document(generate())
+
+    app.openapi = openapi  # type: ignore[method-assign]
     for router in ROUTERS:
         app.include_router(router)
     app.include_router(console_router)  # the read-only web console, /console

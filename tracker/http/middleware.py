@@ -125,9 +125,28 @@ class AuthMiddleware:
     caller's fleet goes to ``request.state.fleet_id`` for the endpoint.
     """
 
+    #: the scheme as the OpenAPI document names it
+    SCHEME = "HTTPBearer"
+
     def __init__(self, app: Any, runtime: Runtime) -> None:
         self.app = app
         self.runtime = runtime
+
+    @classmethod
+    def document(cls, schema: dict[str, Any]) -> dict[str, Any]:
+        """Say in an OpenAPI document what this middleware enforces: every ``/v1/`` operation
+        needs a bearer key (the routes take the fleet it established, not a dependency)."""
+        schemes = schema.setdefault("components", {}).setdefault("securitySchemes", {})
+        schemes[cls.SCHEME] = {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "a fleet API key (`tracker key create FLEET`)",
+        }
+        for path, operations in schema.get("paths", {}).items():
+            if path.startswith(API_PREFIX + "/"):
+                for operation in operations.values():
+                    operation["security"] = [{cls.SCHEME: []}]
+        return schema
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http" or not scope.get("path", "").startswith(API_PREFIX + "/"):

@@ -1,8 +1,10 @@
 """The endpoints, as routers: probes, sessions, compactions, events.
 
 Commands go through the Tracker (``runtime.commands()``, which also counts what they
-decided); reads go through the read side (:mod:`tracker.queries`). Every ``/v1`` route
-takes the caller's fleet (:func:`authenticate`) and maps session ids in and out of it.
+decided), each in one trip to the thread pool, and answer their JSON already serialized;
+reads go through the read side (:mod:`tracker.queries`). Every ``/v1`` route takes the
+caller's fleet (:func:`caller_of`, set by ``AuthMiddleware``) and maps session ids in and
+out of it.
 
     POST /v1/sessions/{session_id}/observe                          record a measurement, or count a request -> decision
     POST /v1/sessions/{session_id}/compactions                      open a manual compaction attempt (201)
@@ -20,12 +22,13 @@ takes the caller's fleet (:func:`authenticate`) and maps session ids in and out 
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from fastapi import APIRouter, Depends, Path, Query, Request, Security
+from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import JSONResponse, Response
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.concurrency import run_in_threadpool
 
 from tracker import queries
 from tracker.errors import InvalidInput, Unauthorized, UnknownSession
@@ -54,23 +57,22 @@ from tracker.http.schemas import (
 
 # -- dependencies -------------------------------------------------------------------------------
 
-bearer = HTTPBearer(auto_error=False, description="a fleet API key (`tracker key create FLEET`)")
 
-
-async def get_runtime(request: Request) -> Runtime:  # async: no thread is taken for it
+def runtime_of(request: Request) -> Runtime:
     return request.app.state.runtime
 
 
-async def authenticate(request: Request, creds: HTTPAuthorizationCredentials | None = Security(bearer)) -> Caller:
-    """The caller's fleet, as ``AuthMiddleware`` established it (``creds`` documents the scheme)."""
+def caller_of(request: Request) -> Caller:
+    """The caller's fleet, as ``AuthMiddleware`` established it before the route was reached.
+
+    Plain functions, not FastAPI dependencies: resolving dependencies costs more per request
+    than these two lookups (the API key scheme is documented by ``AuthMiddleware.document``)."""
     fleet_id = getattr(request.state, "fleet_id", None)
     if fleet_id is None:  # pragma: no cover - AuthMiddleware answers 401 first
         raise Unauthorized("an API key is required: Authorization: Bearer <token>")
     return Caller(fleet_id)
 
 
-RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
-CallerDep = Annotated[Caller, Depends(authenticate)]
 SessionPath = Path(
     ...,
     min_length=1,
@@ -79,6 +81,13 @@ SessionPath = Path(
     description=f"1-{MAX_SESSION_ID} characters of [A-Za-z0-9._:-]",
 )
 AttemptPath = Path(..., min_length=1, max_length=200)
+
+
+def _json(data: dict[str, Any], status_code: int = 200) -> Response:
+    """An answer already in its wire form: FastAPI neither validates nor serializes it again
+    (the route's ``response_model`` still documents it)."""
+    body = json.dumps(data, allow_nan=False, separators=(",", ":"))
+    return Response(body, status_code, media_type="application/json")
 
 
 def _state_out(caller: Caller, state: Any) -> dict[str, Any]:
@@ -105,9 +114,9 @@ async def healthz() -> dict[str, Any]:
         503: {"description": "not ready; `checks` says why", "content": {"application/json": {}}},
     },
 )
-def readyz(runtime: RuntimeDep) -> JSONResponse:
+def readyz(request: Request) -> JSONResponse:
     """The database is reachable and its schema current; Redis answers, if configured."""
-    ready, checks = runtime.readiness()
+    ready, checks = runtime_of(request).readiness()
     return JSONResponse(
         {"status": "ready" if ready else "not_ready", "checks": checks}, status_code=200 if ready else 503
     )
@@ -118,9 +127,9 @@ def readyz(runtime: RuntimeDep) -> JSONResponse:
     response_class=Response,
     responses={200: {"description": "Prometheus text exposition format", "content": {"text/plain": {}}}},
 )
-async def metrics_endpoint(runtime: RuntimeDep) -> Response:
+async def metrics_endpoint(request: Request) -> Response:
     """Prometheus metrics (text exposition format)."""
-    data, content_type = runtime.metrics.render()
+    data, content_type = runtime_of(request).metrics.render()
     return Response(content=data, media_type=content_type)
 
 
@@ -130,11 +139,12 @@ sessions = APIRouter(prefix=f"{API_PREFIX}/sessions", tags=["sessions"])
 
 
 @sessions.post("/{session_id}/observe", response_model=DecisionOut, responses=responses(409, 504))
-def observe(body: ObserveIn, caller: CallerDep, runtime: RuntimeDep, session_id: str = SessionPath) -> dict[str, Any]:
+async def observe(body: ObserveIn, request: Request, session_id: str = SessionPath) -> Response:
     """Record a measurement (or count ``request`` for ``model`` over ``basis``) and decide:
     ``proceed``, ``compact`` (an attempt is opened for you), ``wait``; ``context_limit`` is a 409."""
+    runtime, caller = runtime_of(request), caller_of(request)
     sid = caller.internal(session_id)
-    common = dict(
+    kwargs: dict[str, Any] = dict(
         compaction_threshold=body.compaction_threshold,
         scope=body.scope,
         scope_confidence=body.scope_confidence,
@@ -144,20 +154,20 @@ def observe(body: ObserveIn, caller: CallerDep, runtime: RuntimeDep, session_id:
     if body.measurement is not None and body.request is None:
         if body.model is not None or body.basis is not None:
             raise InvalidInput("measurement", "model and basis belong inside the measurement when one is given")
-        result = runtime.commands().observe(sid, measurement=body.measurement.model_dump(exclude_none=True), **common)
+        kwargs["measurement"] = body.measurement.model_dump(exclude_none=True)
     else:
         if body.measurement is not None:
             raise InvalidInput("request", "give exactly one of request or measurement")
-        result = runtime.commands().observe(sid, request=body.request, model=body.model, basis=body.basis, **common)
+        kwargs.update(request=body.request, model=body.model, basis=body.basis)
+    result = await run_in_threadpool(runtime.commands().observe, sid, **kwargs)
     data = result.to_data()
     data["session_id"] = session_id
-    return data
+    return _json(data)
 
 
 @sessions.get("", response_model=SessionsOut, responses=responses())
 def list_sessions(
-    caller: CallerDep,
-    runtime: RuntimeDep,
+    request: Request,
     pressure: Literal["normal", "compact", "hard_limit"] | None = Query(None),
     since: datetime | None = Query(None, description="only sessions active at or after this time (ISO 8601)"),
     limit: int = Query(100, ge=1, le=1000),
@@ -165,6 +175,7 @@ def list_sessions(
 ) -> dict[str, Any]:
     """This fleet's sessions, most recently active first: pressure, occupancy, revision, open attempts,
     last activity. Page with ``next_cursor`` (keyset: pages never overlap)."""
+    runtime, caller = runtime_of(request), caller_of(request)
     if since is not None and since.tzinfo is None:
         since = since.replace(tzinfo=UTC)
     page = queries.sessions_page(
@@ -180,8 +191,9 @@ def list_sessions(
 
 
 @sessions.get("/{session_id}", response_model=SessionStateOut, responses=responses(404))
-def session_state(caller: CallerDep, runtime: RuntimeDep, session_id: str = SessionPath) -> dict[str, Any]:
+def session_state(request: Request, session_id: str = SessionPath) -> dict[str, Any]:
     """The session's state: the fold of its log (pressure, revision, open attempts, last measurement)."""
+    runtime, caller = runtime_of(request), caller_of(request)
     state = queries.session_state(runtime.store(), caller.internal(session_id))
     if state.version == 0:
         raise UnknownSession(f"no session {session_id}", session_id=session_id)
@@ -190,13 +202,13 @@ def session_state(caller: CallerDep, runtime: RuntimeDep, session_id: str = Sess
 
 @sessions.get("/{session_id}/history", response_model=HistoryOut, responses=responses(404))
 def session_history(
-    caller: CallerDep,
-    runtime: RuntimeDep,
+    request: Request,
     session_id: str = SessionPath,
     from_version: int = Query(1, ge=1, le=MAX_VERSION),
     limit: int = Query(100, ge=1, le=1000),
 ) -> dict[str, Any]:
     """The session's events from ``from_version``, at most ``limit``; page with ``next_from_version``."""
+    runtime, caller = runtime_of(request), caller_of(request)
     page = queries.history_page(
         runtime.store(), caller.internal(session_id), from_version, limit, external=caller.external
     )
@@ -214,55 +226,58 @@ compactions = APIRouter(prefix=f"{API_PREFIX}/sessions/{{session_id}}/compaction
 
 
 @compactions.post("", response_model=AttemptOut, status_code=201, responses=responses(409))
-def request_compaction(
-    caller: CallerDep, runtime: RuntimeDep, body: ManualIn | None = None, session_id: str = SessionPath
-) -> dict[str, Any]:
+async def request_compaction(request: Request, body: ManualIn | None = None, session_id: str = SessionPath) -> Response:
     """Open a manual compaction attempt (regardless of pressure; at most one manual attempt open)."""
+    runtime, caller = runtime_of(request), caller_of(request)
     body = body or ManualIn()
-    attempt = runtime.commands().request_compaction(
+    attempt = await run_in_threadpool(
+        runtime.commands().request_compaction,
         caller.internal(session_id),
         basis=body.basis,
         overhead_tokens=body.overhead_tokens,
         idempotency_key=body.idempotency_key,
     )
-    return attempt.to_data()
+    return _json(attempt.to_data(), 201)
 
 
 @compactions.post("/{attempt_id}/commit", response_model=SessionStateOut, responses=responses(404, 409))
-def commit(
-    body: CommitIn, caller: CallerDep, runtime: RuntimeDep, session_id: str = SessionPath, attempt_id: str = AttemptPath
-) -> dict[str, Any]:
+async def commit(
+    body: CommitIn, request: Request, session_id: str = SessionPath, attempt_id: str = AttemptPath
+) -> Response:
     """Commit an open attempt you hold (``tokens_after`` = the counted size of the compacted context).
     ``tokens_after >= input_limit`` is recorded as a rejection and answered 409 ``summary_too_large``."""
-    state = runtime.commands().commit(
+    runtime, caller = runtime_of(request), caller_of(request)
+    state = await run_in_threadpool(
+        runtime.commands().commit,
         caller.internal(session_id),
         attempt_id,
         body.fencing_token,
         body.tokens_after,
         idempotency_key=body.idempotency_key,
     )
-    return _state_out(caller, state)
+    return _json(_state_out(caller, state))
 
 
 @compactions.post("/{attempt_id}/reject", response_model=SessionStateOut, responses=responses(404, 409))
-def reject(
-    body: RejectIn, caller: CallerDep, runtime: RuntimeDep, session_id: str = SessionPath, attempt_id: str = AttemptPath
-) -> dict[str, Any]:
+async def reject(
+    body: RejectIn, request: Request, session_id: str = SessionPath, attempt_id: str = AttemptPath
+) -> Response:
     """Reject an open attempt you hold (the compaction failed); its basis is exhausted."""
-    state = runtime.commands().reject(
+    runtime, caller = runtime_of(request), caller_of(request)
+    state = await run_in_threadpool(
+        runtime.commands().reject,
         caller.internal(session_id),
         attempt_id,
         body.fencing_token,
         body.reject_reason,
         idempotency_key=body.idempotency_key,
     )
-    return _state_out(caller, state)
+    return _json(_state_out(caller, state))
 
 
 @compactions.get("/{attempt_id}/wait", response_model=WaitOut, responses=responses(404, 408, 429))
 async def wait(
-    caller: CallerDep,
-    runtime: RuntimeDep,
+    request: Request,
     session_id: str = SessionPath,
     attempt_id: str = AttemptPath,
     timeout: float = Query(
@@ -272,6 +287,7 @@ async def wait(
     """Long-poll until the attempt ends (an attempt past its lease is recorded as ``lease_expired``).
     Still open after ``timeout`` seconds: 408 ``wait_timeout`` -- poll again. A wait holds no request
     thread; a fleet may hold ``TRACKER_MAX_WAITS_PER_FLEET`` at once (beyond: 429 with ``Retry-After``)."""
+    runtime, caller = runtime_of(request), caller_of(request)
     outcome = await runtime.waits.wait(caller.fleet_id, caller.internal(session_id), attempt_id, timeout)
     status, _, reason = outcome.partition(":")
     return {"attempt_id": attempt_id, "outcome": outcome, "status": status, "reject_reason": reason or None}
@@ -284,13 +300,13 @@ events = APIRouter(prefix=API_PREFIX, tags=["events"])
 
 @events.get("/events", response_model=FeedOut, responses=responses())
 def events_feed(
-    caller: CallerDep,
-    runtime: RuntimeDep,
+    request: Request,
     after: int = Query(0, ge=0, le=MAX_POSITION),
     limit: int = Query(100, ge=1, le=1000),
 ) -> dict[str, Any]:
     """This fleet's events in global commit order, after position ``after``. Resume with ``next_after``:
     a reader paging this way never misses an event that commits later with a lower position."""
+    runtime, caller = runtime_of(request), caller_of(request)
     page = queries.feed_page(runtime.store(), after, limit, prefix=caller.prefix, external=caller.external)
     return {"events": page.events, "next_after": page.resume, "has_more": page.has_more}
 
