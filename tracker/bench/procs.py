@@ -118,17 +118,20 @@ def start_server(
     quiet: bool = True,
     timeout_s: float = 60,
     log_file: Any = None,
+    factory: str | None = None,
 ) -> subprocess.Popen:
     """``tracker serve`` in a subprocess on loopback, returned once /readyz answers 200.
 
     ``env`` is the child's whole environment (its ``TRACKER_*`` configure the server). With
     ``log_file`` (an open file) the server writes its stdout and stderr there, access log on.
+    With ``factory`` (``module:function``) uvicorn serves the app that function returns instead.
     """
     import httpx
 
     access = [] if log_file is not None else ["--no-access-log"]
+    command = ["tracker.cli", "serve"] if factory is None else ["uvicorn", factory, "--factory"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tracker.cli", "serve", "--port", str(port), *access, *extra],
+        [sys.executable, "-m", *command, "--port", str(port), *access, *extra],
         env=dict(env),
         stdout=log_file if log_file is not None else subprocess.DEVNULL if quiet else subprocess.PIPE,
         stderr=subprocess.STDOUT if log_file is not None else subprocess.PIPE,
