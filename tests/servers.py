@@ -66,3 +66,39 @@ class PrivateRedis:
     def close(self) -> None:
         self.stop()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class PostgresLog:
+    """The lines the local PostgreSQL server logs for one database, from now on.
+
+    Debian's ``pg_ctlcluster`` writes the server's log to
+    ``/var/log/postgresql/postgresql-<major>-main.log`` (prefix ``%m [%p] %q%u@%d``).
+    :meth:`find` returns None where that file cannot be read.
+    """
+
+    def __init__(self, path: str, database: str) -> None:
+        self.path, self.database = path, database
+        with open(path, "rb") as f:
+            self.offset = f.seek(0, 2)
+
+    @classmethod
+    def find(cls, sqlalchemy_url: str) -> PostgresLog | None:
+        import glob
+        import os
+
+        from sqlalchemy.engine import make_url
+
+        database = make_url(sqlalchemy_url).database or ""
+        for path in sorted(glob.glob("/var/log/postgresql/postgresql-*-main.log")):
+            if os.access(path, os.R_OK):
+                return cls(path, database)
+        return None
+
+    def lines(self) -> list[str]:
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            text = f.read().decode("utf-8", "replace")
+        return [line for line in text.splitlines() if f"@{self.database} " in line]
+
+    def errors(self) -> list[str]:
+        return [line for line in self.lines() if " ERROR: " in line or " FATAL: " in line]

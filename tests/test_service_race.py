@@ -25,7 +25,7 @@ from tracker.core.state import SessionState, apply
 from tracker.store import open_store, verify_projections
 from tracker.store.migrate import upgrade
 
-from .servers import PrivateRedis
+from .servers import PostgresLog, PrivateRedis
 
 PROCS = int(os.environ.get("TRACKER_RACE_PROCS", "16"))
 ROUNDS = int(os.environ.get("TRACKER_RACE_ROUNDS", "200"))
@@ -149,12 +149,34 @@ def race_db(pg_url):
 
 @pytest.mark.slow
 def test_race_with_redis(race_db, private_redis):
+    log = PostgresLog.find(race_db)
     summary, counts = run_race(race_db, private_redis.url)
     total = {k: sum(c[k] for c in counts) for k in counts[0]}
     print("race with redis:", summary, total)
     assert total["compact"] == summary["automatic_attempts"] >= 3
     assert summary["revision"] > 2  # commits happened
     assert total["context_limit"] > 0 and total["wait"] + total["proceed"] > 0
+    # a lost race is an answer, never a database error: the server logged nothing for this database
+    if log is None:
+        pytest.skip("the race passed; the PostgreSQL log is not readable here, so its ERROR count was not checked")
+    time.sleep(0.5)  # the server writes its log asynchronously
+    assert log.errors() == [], log.errors()[:5]
+
+
+def test_the_postgres_log_check_sees_an_error(pg_url):
+    """The log check above is not blind: one failing statement shows up as one ERROR line."""
+    import psycopg
+
+    log = PostgresLog.find(pg_url)
+    if log is None:
+        pytest.skip("the PostgreSQL log is not readable here")
+    url = pg_url.replace("postgresql+psycopg://", "postgresql://")
+    with psycopg.connect(url) as conn, pytest.raises(psycopg.errors.DivisionByZero):
+        conn.execute("SELECT 1/0")
+    deadline = time.time() + 5
+    while not log.errors() and time.time() < deadline:
+        time.sleep(0.1)
+    assert len(log.errors()) == 1 and "division by zero" in log.errors()[0]
 
 
 @pytest.mark.slow
