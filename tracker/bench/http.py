@@ -143,7 +143,10 @@ def run_http_bench(pg_url: str, redis_url: str | None, quick: bool = False) -> d
         headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
         # the API with httpx (what a Python agent's client does), the API with a raw keep-alive
         # connection (the client's share taken out), the bare ASGI floor with the same connection
-        with _served(settings) as port, httpx.Client(base_url=f"http://127.0.0.1:{port.number}", headers=headers) as c:
+        with (
+            _served(settings) as port,
+            httpx.Client(base_url=f"http://127.0.0.1:{port.number}", headers=headers, timeout=30) as c,
+        ):
 
             def over_httpx(i: int) -> None:
                 r = c.post(f"/v1/sessions/http-{run}-{i % SESSIONS}/observe", json={"measurement": _measurement(i)})

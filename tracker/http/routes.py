@@ -23,8 +23,9 @@ out of it.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import JSONResponse, Response
@@ -33,7 +34,7 @@ from starlette.concurrency import run_in_threadpool
 from tracker import queries
 from tracker.errors import InvalidInput, Unauthorized, UnknownSession
 from tracker.http.errors import responses
-from tracker.http.runtime import Caller, Runtime
+from tracker.http.runtime import Caller, Commands, Runtime
 from tracker.http.schemas import (
     API_PREFIX,
     MAX_POSITION,
@@ -54,6 +55,8 @@ from tracker.http.schemas import (
     SessionStateOut,
     WaitOut,
 )
+
+T = TypeVar("T")
 
 # -- dependencies -------------------------------------------------------------------------------
 
@@ -81,6 +84,12 @@ SessionPath = Path(
     description=f"1-{MAX_SESSION_ID} characters of [A-Za-z0-9._:-]",
 )
 AttemptPath = Path(..., min_length=1, max_length=200)
+
+
+async def _run(runtime: Runtime, command: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """``command(runtime.commands(), ...)`` in one trip to the thread pool. ``commands()`` is
+    resolved there too: on first need it builds the Tracker, which connects to the database."""
+    return await run_in_threadpool(lambda: command(runtime.commands(), *args, **kwargs))
 
 
 def _json(data: dict[str, Any], status_code: int = 200) -> Response:
@@ -159,7 +168,7 @@ async def observe(body: ObserveIn, request: Request, session_id: str = SessionPa
         if body.measurement is not None:
             raise InvalidInput("request", "give exactly one of request or measurement")
         kwargs.update(request=body.request, model=body.model, basis=body.basis)
-    result = await run_in_threadpool(runtime.commands().observe, sid, **kwargs)
+    result = await _run(runtime, Commands.observe, sid, **kwargs)
     data = result.to_data()
     data["session_id"] = session_id
     return _json(data)
@@ -230,8 +239,9 @@ async def request_compaction(request: Request, body: ManualIn | None = None, ses
     """Open a manual compaction attempt (regardless of pressure; at most one manual attempt open)."""
     runtime, caller = runtime_of(request), caller_of(request)
     body = body or ManualIn()
-    attempt = await run_in_threadpool(
-        runtime.commands().request_compaction,
+    attempt = await _run(
+        runtime,
+        Commands.request_compaction,
         caller.internal(session_id),
         basis=body.basis,
         overhead_tokens=body.overhead_tokens,
@@ -247,8 +257,9 @@ async def commit(
     """Commit an open attempt you hold (``tokens_after`` = the counted size of the compacted context).
     ``tokens_after >= input_limit`` is recorded as a rejection and answered 409 ``summary_too_large``."""
     runtime, caller = runtime_of(request), caller_of(request)
-    state = await run_in_threadpool(
-        runtime.commands().commit,
+    state = await _run(
+        runtime,
+        Commands.commit,
         caller.internal(session_id),
         attempt_id,
         body.fencing_token,
@@ -264,8 +275,9 @@ async def reject(
 ) -> Response:
     """Reject an open attempt you hold (the compaction failed); its basis is exhausted."""
     runtime, caller = runtime_of(request), caller_of(request)
-    state = await run_in_threadpool(
-        runtime.commands().reject,
+    state = await _run(
+        runtime,
+        Commands.reject,
         caller.internal(session_id),
         attempt_id,
         body.fencing_token,
