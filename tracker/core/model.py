@@ -55,6 +55,55 @@ def check_session_id(session_id: Any) -> str:
     return session_id
 
 
+MAX_SESSION_ID_LEN = 200  # a stored session id, fleet prefix included
+FLEET_ID_LEN = 10  # "f" + 9 hex digits (tracker.store.fleets draws them)
+
+
+@dataclass(frozen=True)
+class SessionScope:
+    """Where a caller's session ids live in the one store: the one implementation of fleet-qualified ids.
+
+    A fleet's sessions are stored as ``"<fleet_id>:<session_id>"``; a caller sees (and names) them without
+    the prefix. The unscoped scope (``fleet_id=None``: the library, a local operator) sees ids as stored.
+    Every door (the API, the console, the CLI's ``--fleet``) turns ids in and out through this type, so all
+    of them enforce the same limits: the stored id must be a valid session id, prefix included.
+    """
+
+    fleet_id: str | None = None
+
+    @property
+    def prefix(self) -> str:
+        return f"{self.fleet_id}:" if self.fleet_id else ""
+
+    @property
+    def max_len(self) -> int:
+        """The longest session id this scope's callers may name (200 less the prefix)."""
+        return MAX_SESSION_ID_LEN - len(self.prefix)
+
+    def internal(self, session_id: Any) -> str:
+        """The stored id of a caller's ``session_id``; ``InvalidSessionId`` naming what is wrong."""
+        if self.fleet_id is None:
+            return check_session_id(session_id)
+        if isinstance(session_id, str) and len(session_id) > self.max_len:
+            raise InvalidSessionId(f"must be at most {self.max_len} characters in a fleet, got {len(session_id)}")
+        check_session_id(session_id)
+        return check_session_id(self.prefix + session_id)
+
+    def external(self, stored: str) -> str:
+        """The id a caller of this scope knows a stored session by."""
+        p = self.prefix
+        return stored[len(p) :] if p and stored.startswith(p) else stored
+
+    def owns(self, stored: str) -> bool:
+        return stored.startswith(self.prefix)
+
+    @staticmethod
+    def fleet_of(stored: str) -> str:
+        """The fleet part of a stored id: the text before its first ':' ('' without one)."""
+        head, sep, _ = stored.partition(":")
+        return head if sep else ""
+
+
 def check_text(field: str, value: Any, max_len: int = 200) -> str:
     """A name, reason or key given by a caller: 1-``max_len`` characters, no control characters
     (they would reach an operator's terminal) and no lone surrogates (not text)."""

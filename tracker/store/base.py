@@ -132,6 +132,29 @@ class EventStore(Protocol):
         """The session's state folded from the log alone (default: the store's projector), and its version."""
         ...
 
+    def session_ids(self) -> Iterator[str]:
+        """Every session with a projection row, in id order."""
+        ...
+
+    def log_versions(self) -> Iterator[tuple[str, int]]:
+        """(session_id, last version) of every stream in the log, in id order."""
+        ...
+
+    def projection_row(self, session_id: str) -> dict[str, Any] | None:
+        """The session's projection row (``version``, ``state`` and the listing columns), or None."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class SessionViews(Protocol):
+    """The read side's port: lists, gauges and the narrow reads of one session's page.
+
+    Nothing here decides anything: these reads serve people (the console, ``tracker sessions``,
+    the session page, the fleet gauges). Commands and replay never use them; they read the log
+    through ``EventStore``. ``tracker.store.views.SqlSessionViews`` implements it on SQLite and PostgreSQL.
+    """
+
     def list_sessions(
         self,
         *,
@@ -145,24 +168,10 @@ class EventStore(Protocol):
         ``(updated_at, session_id)`` of the previous page's last row (keyset paging)."""
         ...
 
-    def session_ids(self) -> Iterator[str]:
-        """Every session with a projection row, in id order."""
-        ...
-
-    def log_versions(self) -> Iterator[tuple[str, int]]:
-        """(session_id, last version) of every stream in the log, in id order."""
-        ...
-
-    def projection_row(self, session_id: str) -> dict[str, Any] | None:
-        """The session's projection row (``version``, ``state`` and the listing columns), or None."""
-        ...
-
     def session_summary(self, namespace_len: int) -> dict[str, Any]:
         """Sessions and open attempts by id namespace and pressure, and the oldest open attempt's
         ``opened_at`` per namespace (the gauges of ``tracker.queries.fleet_gauges``)."""
         ...
-
-    def close(self) -> None: ...
 
     # narrow reads of one session (the session page, ``tracker.audit.story.read_story``)
 
