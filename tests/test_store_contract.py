@@ -1,4 +1,10 @@
-"""The EventStore contract, run against real SQLite and real PostgreSQL (``db_url``)."""
+"""The EventStore contract, run against the in-memory store, real SQLite and real PostgreSQL.
+
+``store`` is each of the three (``backend``). A test that is about something only a database
+has -- a second store instance on the same database (another process), rows edited behind the
+store's back, the schema's migrations -- runs on the two SQL backends only (``sql_store`` on
+``db_url``) and says so. The read side's views (listings, narrow reads): ``tests/test_store_views.py``.
+"""
 
 from __future__ import annotations
 
@@ -10,9 +16,10 @@ from typing import Any
 import pytest
 from sqlalchemy import create_engine, text
 
+from tests.conftest import _sqlalchemy_url, create_pg_database, drop_pg_database
 from tracker.errors import ConcurrencyConflict, InvalidInput, InvalidSessionId, SchemaOutOfDate, StoreError
 from tracker.settings import normalize_database_url
-from tracker.store import NewEvent, StoredEvent, migrate, open_store, upgrade, verify_projections
+from tracker.store import MemoryEventStore, NewEvent, StoredEvent, migrate, open_store, upgrade, verify_projections
 from tracker.store import sql as store_sql
 
 
@@ -55,12 +62,46 @@ def ev(type_: str = "Tick", **data: Any) -> NewEvent:
     return NewEvent(type_, data)
 
 
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
+def backend(request, tmp_path):
+    """The database URL of each backend (None: in memory)."""
+    if request.param == "memory":
+        yield None
+    elif request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'tracker.db'}"
+    else:
+        name, url = create_pg_database()
+        try:
+            yield _sqlalchemy_url(url)
+        finally:
+            drop_pg_database(name)
+
+
 @pytest.fixture
-def store(db_url):
+def store(backend):
+    if backend is None:
+        s: Any = MemoryEventStore(projector=ToyProjector())
+    else:
+        upgrade(backend)
+        s = open_store(backend, projector=ToyProjector())
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def sql_store(db_url):
+    """The store on a real database (SQLite and PostgreSQL only)."""
     upgrade(db_url)
     s = open_store(db_url, projector=ToyProjector())
     yield s
     s.close()
+
+
+def count_events(store: Any, url: str | None) -> int:
+    """How many events the log holds: counted in the table on a database, read whole in memory."""
+    if url is None:
+        return len(store.read_all(0, limit=10**9))
+    return count_rows(url, "events")
 
 
 def count_rows(url: str, table: str) -> int:
@@ -122,9 +163,9 @@ def test_versions_are_gap_free_across_many_appends(store):
     assert positions == sorted(positions) and len(set(positions)) == len(positions)
 
 
-def test_stale_expected_version_raises_concurrency_conflict_and_writes_nothing(store, db_url):
+def test_stale_expected_version_raises_concurrency_conflict_and_writes_nothing(store, backend):
     store.append("c", 0, [ev(), ev()])
-    events_before = count_rows(db_url, "events")
+    events_before = count_events(store, backend)
     with pytest.raises(ConcurrencyConflict) as info:
         store.append("c", 1, [ev()])
     assert info.value.expected == 1 and info.value.actual == 2
@@ -137,13 +178,15 @@ def test_stale_expected_version_raises_concurrency_conflict_and_writes_nothing(s
     assert (info.value.expected, info.value.actual) == (5, 2)
     with pytest.raises(ConcurrencyConflict):
         store.append("fresh", 3, [ev()])
-    assert count_rows(db_url, "events") == events_before
+    assert count_events(store, backend) == events_before
     assert store.stream_version("fresh") == 0 and store.load("fresh") == (None, 0)
     assert store.append("c", 2, [ev()]).last_version == 3
 
 
-def test_concurrency_conflict_seen_through_a_second_store(store, db_url):
-    """Another process's store has the session cached at an old version: still a conflict."""
+def test_concurrency_conflict_seen_through_a_second_store(sql_store, db_url):
+    """Another process's store has the session cached at an old version: still a conflict.
+    (SQL only: two store instances share one database; a MemoryEventStore is its own.)"""
+    store = sql_store
     other = open_store(db_url, projector=ToyProjector())
     try:
         other.append("shared", 0, [ev()])
@@ -158,10 +201,10 @@ def test_concurrency_conflict_seen_through_a_second_store(store, db_url):
         other.close()
 
 
-def test_idempotent_retry_returns_original_result_and_writes_nothing(store, db_url):
+def test_idempotent_retry_returns_original_result_and_writes_nothing(store, backend):
     first = store.append("idem", 0, [ev("Started"), ev("Tick", n=3), ev("Tick")], idempotency_key="req-1")
     store.append("idem", 3, [ev("Tick", n=1)])  # the stream moves on
-    n_events = count_rows(db_url, "events")
+    n_events = count_events(store, backend)
     again = store.append("idem", 0, [ev("Started"), ev("Tick", n=3), ev("Tick")], idempotency_key="req-1")
     assert again.replayed is True
     assert (again.first_version, again.last_version, again.positions) == (
@@ -170,7 +213,7 @@ def test_idempotent_retry_returns_original_result_and_writes_nothing(store, db_u
         first.positions,
     )
     assert again.state == first.state  # the state right after the original append, not the current one
-    assert count_rows(db_url, "events") == n_events
+    assert count_events(store, backend) == n_events
     # the key is per session, and a new key is a new append
     other = store.append("idem-2", 0, [ev()], idempotency_key="req-1")
     assert other.replayed is False
@@ -179,7 +222,9 @@ def test_idempotent_retry_returns_original_result_and_writes_nothing(store, db_u
     assert [e.idempotency_key for e in stored] == ["req-1", None, None, None, "req-2"]
 
 
-def test_idempotent_retry_from_another_store_instance(store, db_url):
+def test_idempotent_retry_from_another_store_instance(sql_store, db_url):
+    """(SQL only: a second store instance on the same database.)"""
+    store = sql_store
     r = store.append("idem-x", 0, [ev()], idempotency_key="k")
     other = open_store(db_url, projector=ToyProjector())
     try:
@@ -298,7 +343,7 @@ def test_projection_equals_fold_of_the_log(store):
         r = store.append(sid, versions.get(sid, 0), batch)
         versions[sid] = r.last_version
         assert r.state == fold(projector, sid, list(store.read_stream(sid)))
-    rows = {row["session_id"]: row for row in store.list_sessions()}
+    rows = {sid: store.projection_row(sid) for sid, _ in store.log_versions()}
     assert set(rows) == set(versions)
     for sid, version in versions.items():
         expected = fold(projector, sid, list(store.read_stream(sid)))
@@ -307,85 +352,13 @@ def test_projection_equals_fold_of_the_log(store):
         assert row["version"] == version and row["state"] == expected
         for name, value in projector.columns(expected).items():
             assert row[name] == value, (sid, name)
-    assert sorted(store.session_ids()) == sorted(versions)
+    assert list(store.log_versions()) == sorted(versions.items())
     assert verify_projections(store, projector) == []
 
 
-def test_list_sessions_filters(store):
-    store.append("calm", 0, [ev("Pressure", level="normal")])
-    store.append("busy-1", 0, [ev("Pressure", level="compact")])
-    store.append("busy-2", 0, [ev("Pressure", level="compact"), ev("Started")])
-    store.append("full", 0, [ev("Pressure", level="hard_limit")])
-    assert {r["session_id"] for r in store.list_sessions()} == {"calm", "busy-1", "busy-2", "full"}
-    assert {r["session_id"] for r in store.list_sessions(pressure="compact")} == {"busy-1", "busy-2"}
-    assert [r["session_id"] for r in store.list_sessions(pressure="hard_limit")] == ["full"]
-    assert store.list_sessions(pressure="nothing") == []
-    now = datetime.now(UTC)
-    assert len(store.list_sessions(active_since=now - timedelta(minutes=5))) == 4
-    assert store.list_sessions(active_since=now + timedelta(minutes=5)) == []
-    assert len(store.list_sessions(pressure="compact", active_since=now - timedelta(minutes=5))) == 2
-    assert len(store.list_sessions(limit=3)) == 3
-    # most recently updated first
-    store.append("calm", 1, [ev()])
-    assert store.list_sessions(limit=1)[0]["session_id"] == "calm"
-    row = next(r for r in store.list_sessions() if r["session_id"] == "busy-2")
-    assert row["open_attempts"] == 1 and row["revision"] == 1 and row["version"] == 2
-    assert row["created_at"].tzinfo is not None and row["updated_at"] >= row["created_at"]
-
-
-def test_list_sessions_keyset_pages_within_a_prefix(store):
-    """``session_prefix`` + ``after``: pages that neither overlap nor skip, only the prefix's sessions,
-    also when rows share one ``updated_at`` (the id breaks the tie)."""
-    for i in range(7):
-        store.append(f"fa:s{i}", 0, [ev("Pressure", level="compact" if i % 2 else "normal")])
-        store.append(f"fb:s{i}", 0, [ev()])
-    store.append("fa", 0, [ev()])  # the bare prefix without ':' is another session
-    store.append("fa:s3", 1, [ev()])  # most recent activity
-    whole = store.list_sessions(session_prefix="fa:")
-    assert [r["session_id"] for r in whole][0] == "fa:s3" and len(whole) == 7
-    keys = [(r["updated_at"], r["session_id"]) for r in whole]
-    assert keys == sorted(keys, key=lambda k: (-k[0].timestamp(), k[1]))
-    paged, after = [], None
-    while True:
-        page = store.list_sessions(session_prefix="fa:", limit=3, after=after)
-        paged += [r["session_id"] for r in page]
-        if len(page) < 3:
-            break
-        after = (page[-1]["updated_at"], page[-1]["session_id"])
-    assert paged == [r["session_id"] for r in whole]
-    odd = store.list_sessions(session_prefix="fa:", pressure="compact", limit=2)
-    rest = store.list_sessions(
-        session_prefix="fa:", pressure="compact", after=(odd[-1]["updated_at"], odd[-1]["session_id"])
-    )
-    assert sorted(r["session_id"] for r in odd + rest) == ["fa:s1", "fa:s3", "fa:s5"]
-    # ties on updated_at (a busy fleet): the id orders them, and the keyset goes on after the id
-    tie = datetime(2030, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
-    with store.engine.begin() as conn:
-        conn.execute(
-            text("UPDATE sessions SET updated_at = :t WHERE session_id IN ('fa:s1', 'fa:s2', 'fa:s4', 'fa:s6')"),
-            {"t": tie if store.engine.dialect.name == "postgresql" else tie.replace(tzinfo=None)},
-        )
-    paged, after = [], None
-    while True:
-        page = store.list_sessions(session_prefix="fa:", limit=3, after=after)
-        paged += [r["session_id"] for r in page]
-        if len(page) < 3:
-            break
-        after = (page[-1]["updated_at"], page[-1]["session_id"])
-    assert paged[:4] == ["fa:s1", "fa:s2", "fa:s4", "fa:s6"] and sorted(paged) == sorted(r["session_id"] for r in whole)
-    assert (
-        store.list_sessions(session_prefix="fa:", limit=10, after=(tie, "fa:s2"))[:2]
-        == store.list_sessions(session_prefix="fa:", limit=10)[2:4]
-    )
-    assert store.list_sessions(session_prefix="FA:") == []  # exact, case-sensitive
-    assert store.list_sessions(session_prefix="f_:") == []  # '_' is no wildcard
-    with pytest.raises(InvalidInput):
-        store.list_sessions(session_prefix="bad prefix")
-    with pytest.raises(InvalidInput):
-        store.list_sessions(after=("yesterday", "x"))  # type: ignore[arg-type]
-
-
-def test_verify_projections_detects_tampering(store, db_url):
+def test_verify_projections_detects_tampering(sql_store, db_url):
+    """(SQL only: the rows are edited behind the store's back.)"""
+    store = sql_store
     projector = ToyProjector()
     store.append("ok", 0, [ev(n=1)])
     store.append("tampered", 0, [ev(n=1), ev("Started", n=2)])
@@ -408,6 +381,7 @@ def test_verify_projections_detects_tampering(store, db_url):
 
 
 def test_store_without_projector_and_rebuild(db_url):
+    """(SQL only: the same database reopened with a projector; a MemoryEventStore keeps its one.)"""
     upgrade(db_url)
     bare = open_store(db_url)
     try:
@@ -429,6 +403,7 @@ def test_store_without_projector_and_rebuild(db_url):
 
 
 def test_schema_check_refuses_an_unupgraded_database(db_url):
+    """(SQL only: schemas and migrations are a database's.)"""
     with pytest.raises(SchemaOutOfDate) as info:
         open_store(db_url)
     assert "run `tracker db upgrade`" in str(info.value)
@@ -450,7 +425,9 @@ def test_schema_check_refuses_an_unknown_newer_revision(db_url):
         open_store(db_url)
 
 
-def test_projection_row_out_of_step_is_reported(store, db_url):
+def test_projection_row_out_of_step_is_reported(sql_store, db_url):
+    """(SQL only: the projection row is deleted behind the store's back.)"""
+    store = sql_store
     store.append("lost", 0, [ev()])
     execute_sql(db_url, "DELETE FROM sessions WHERE session_id = 'lost'")
     fresh = open_store(db_url, projector=ToyProjector())  # no cached state
@@ -460,126 +437,3 @@ def test_projection_row_out_of_step_is_reported(store, db_url):
         assert fresh.stream_version("lost") == 1
     finally:
         fresh.close()
-
-
-# -- narrow reads of one session (the console's session page) --------------------------------------
-
-KINDS = ("Measured", "Started", "Committed", "Rejected", "CountFailed")
-
-
-@pytest.fixture
-def mixed(store):
-    """A session of 300 events of five types in a seeded random mix (each carries its ``i`` and,
-    for the attempt types, an ``attempt_id``), appended in uneven batches; and a neighbour session."""
-    rng = random.Random(15)
-    kinds = ["Measured"] * 200 + ["Started"] * 40 + ["Committed"] * 25 + ["Rejected"] * 15 + ["CountFailed"] * 20
-    rng.shuffle(kinds)
-    news = [ev(k, i=i, attempt_id=f"a{i % 37}") if k != "Measured" else ev(k, i=i) for i, k in enumerate(kinds)]
-    version, i = 0, 0
-    while i < len(news):
-        n = rng.randint(1, 60)
-        version = store.append("mix", version, news[i : i + n]).last_version
-        i += n
-    store.append("mix-other", 0, [ev("Started", attempt_id="a1"), ev("Measured")])
-    return list(store.read_stream("mix"))
-
-
-def test_count_by_type(store, mixed):
-    want: dict[str, int] = {}
-    for e in mixed:
-        want[e.type] = want.get(e.type, 0) + 1
-    assert store.count_by_type("mix") == want
-    assert sum(store.count_by_type("mix").values()) == 300
-    upto = [e for e in mixed if e.version <= 120]
-    assert store.count_by_type("mix", 120) == {k: sum(1 for e in upto if e.type == k) for k in {e.type for e in upto}}
-    assert store.count_by_type("nobody") == {}
-    with pytest.raises(InvalidSessionId):
-        store.count_by_type("bad id!")
-
-
-def test_read_types_pages_in_version_order(store, mixed, monkeypatch):
-    monkeypatch.setattr(store_sql, "READ_BATCH", 7)  # force several batches
-    want = [e for e in mixed if e.type in ("Started", "Rejected")]
-    got = list(store.read_types("mix", ["Started", "Rejected"]))
-    assert [(e.version, e.type, e.data) for e in got] == [(e.version, e.type, e.data) for e in want]
-    assert all(e.session_id == "mix" for e in got)
-    assert [e.version for e in store.read_types("mix", ["Started"], 100, 200)] == [
-        e.version for e in mixed if e.type == "Started" and 100 <= e.version <= 200
-    ]
-    assert [e.version for e in store.read_types("mix", ["Measured"], 50, limit=9)] == [
-        e.version for e in mixed if e.type == "Measured" and e.version >= 50
-    ][:9]
-    assert list(store.read_types("mix", ["Nothing"])) == []
-    for bad in ([], "Started", [""], None):
-        with pytest.raises(InvalidInput):
-            store.read_types("mix", bad)
-    with pytest.raises(InvalidInput):
-        store.read_types("mix", ["Started"], 0)
-    with pytest.raises(InvalidInput):
-        store.read_types("mix", ["Started"], limit=0)
-
-
-def test_last_of_types(store, mixed):
-    fails = [e.version for e in mixed if e.type in ("CountFailed", "Committed")]
-    assert [e.version for e in store.last_of_types("mix", ["CountFailed", "Committed"], 5)] == fails[-5:]
-    assert [e.version for e in store.last_of_types("mix", ["Measured"])] == [
-        [e.version for e in mixed if e.type == "Measured"][-1]
-    ]
-    below = [e.version for e in mixed if e.type == "Started" and e.version <= 150]
-    assert [e.version for e in store.last_of_types("mix", ["Started"], 3, 150)] == below[-3:]
-    assert [e.version for e in store.last_of_types("mix", ["Started"], 1000)] == [
-        e.version for e in mixed if e.type == "Started"
-    ]
-    assert store.last_of_types("nobody", ["Started"]) == []
-
-
-@pytest.mark.parametrize("points", [1, 7, 50, 199, 200, 500])
-def test_sample_of_type_spreads_evenly_and_keeps_the_ends(store, mixed, points):
-    measured = [e.version for e in mixed if e.type == "Measured"]  # 200 of them
-    got = store.sample_of_type("mix", "Measured", points)
-    assert store.sample_of_type("mix", "Measured", points, total=200) == got  # the count given, not read
-    versions = [e.version for e in got]
-    assert all(e.type == "Measured" and e.session_id == "mix" for e in got)
-    assert versions == sorted(set(versions))
-    assert versions[0] == measured[0] and versions[-1] == measured[-1]
-    # the first of each of `points` equal runs by rank, and the last one
-    ranks = [measured.index(v) for v in versions]
-    n = len(measured)
-    want = [r for r in range(n) if r in (0, n - 1) or (r * points) // n > ((r - 1) * points) // n]
-    assert ranks == want and len(ranks) <= points + 1
-    if 3 < points < n:  # runs of equal length: the gaps between picks differ by at most one (the last excepted)
-        gaps = {b - a for a, b in zip(ranks[:-2], ranks[1:-1], strict=True)}
-        assert max(gaps) - min(gaps) <= 1
-    upto = [v for v in measured if v <= 100]
-    assert [e.version for e in store.sample_of_type("mix", "Measured", 1000, 100)] == upto
-    assert store.sample_of_type("mix", "Nothing", 10) == []
-    with pytest.raises(InvalidInput):
-        store.sample_of_type("mix", "Measured", 0)
-
-
-def test_read_versions(store, mixed):
-    by_version = {e.version: e for e in mixed}
-    want = [1, 2, 150, 300]
-    assert [(e.version, e.type) for e in store.read_versions("mix", [300, 2, 150, 1, 2, 301, 0])] == [
-        (v, by_version[v].type) for v in want
-    ]
-    many = list(range(1, 301, 1))  # more than one IN list
-    assert [e.version for e in store.read_versions("mix", many)] == many
-    assert [e.version for e in store.read_versions("mix", many, ["Rejected"])] == [
-        e.version for e in mixed if e.type == "Rejected"
-    ]
-    assert store.read_versions("mix", []) == []
-
-
-def test_find_by_data(store, mixed):
-    kinds = ["Started", "Committed", "Rejected"]
-    want = [e.version for e in mixed if e.type in kinds and e.data.get("attempt_id") == "a5"]
-    assert want
-    assert [e.version for e in store.find_by_data("mix", kinds, "attempt_id", "a5")] == want
-    assert [e.version for e in store.find_by_data("mix", kinds, "attempt_id", "a5", limit=1)] == want[:1]
-    assert [e.session_id for e in store.find_by_data("mix-other", kinds, "attempt_id", "a1")] == ["mix-other"]
-    assert store.find_by_data("mix", kinds, "attempt_id", "a5'; --") == []
-    assert store.find_by_data("mix", ["Measured"], "attempt_id", "a5") == []
-    for key in ("", "a.b", "x'y", 3):
-        with pytest.raises(InvalidInput):
-            store.find_by_data("mix", kinds, key, "a5")

@@ -6,7 +6,14 @@ counting backend a process uses. It sits between the adapters and the service la
 imports still point one way: ``Tracker.from_settings`` asks it for the parts.
 
     settings = Settings.load()                       # once per process: reads TRACKER_*
-    tracker = Tracker.from_settings(settings)        # = Tracker(**vars(build_components(settings)))
+    tracker = Tracker.from_settings(settings)        # the parts of build_components(settings)
+    storage = build_storage(settings.store)          # store + views + fleets on one engine (the CLI)
+
+The event store's database serves three ports, always on one engine built here: the
+``EventStore`` (commands and replay), the read side's ``SessionViews`` (listings, gauges, the
+session page) and the ``FleetStore`` (tenants and keys). No caller reaches for the engine:
+``build_views(store)`` / ``build_fleets(store)`` give the other two for a store built here, and
+``check_store_schema(store)`` checks its schema (``/readyz``).
 """
 
 from __future__ import annotations
@@ -25,8 +32,10 @@ if TYPE_CHECKING:  # pragma: no cover
     from tracker.coordination import Coordinator
     from tracker.counting.backends import CountingBackend
     from tracker.counting.registry import ModelRegistry
-    from tracker.store.base import Projector
+    from tracker.store.base import EventStore, Projector
+    from tracker.store.fleets import FleetStore
     from tracker.store.sql import SqlEventStore
+    from tracker.store.views import SqlSessionViews
 
 
 def build_store(
@@ -44,6 +53,59 @@ def build_store(
     if check_schema:
         create_sqlite_if_missing(settings.database_url)
     return open_store(settings.database_url, projector=projector, check_schema=check_schema)
+
+
+def _sql(store: EventStore, what: str) -> SqlEventStore:
+    from tracker.store.sql import SqlEventStore
+
+    if not isinstance(store, SqlEventStore):
+        raise TypeError(f"{what} live in the event store's database: give a store built by build_store")
+    return store
+
+
+def build_views(store: EventStore) -> SqlSessionViews:
+    """The read side's views (``SessionViews``) on the database of ``store`` (one built by ``build_store``)."""
+    from tracker.store.views import SqlSessionViews
+
+    return SqlSessionViews(_sql(store, "the views").engine)
+
+
+def build_fleets(store: EventStore, *, cache_s: float = 1.0) -> FleetStore:
+    """The fleets and their keys on the database of ``store``; a valid key is cached ``cache_s`` seconds."""
+    from tracker.store.fleets import FleetStore
+
+    return FleetStore(_sql(store, "fleets").engine, cache_s=cache_s)
+
+
+def check_store_schema(store: EventStore) -> None:
+    """``SchemaOutOfDate`` unless the database of ``store`` is at the newest schema (``/readyz``)."""
+    from tracker.store.migrate import check_schema
+
+    check_schema(_sql(store, "the schema").engine)
+
+
+@dataclass
+class Storage:
+    """The event store, the read side's views and the fleets, on one database (one engine)."""
+
+    store: SqlEventStore
+    views: SqlSessionViews
+    fleets: FleetStore
+
+    def close(self) -> None:
+        self.store.close()  # (disposes the engine the three share)
+
+    def __enter__(self) -> Storage:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def build_storage(settings: StoreSettings, *, projector: Projector | None = None, check_schema: bool = True) -> Storage:
+    """``build_store`` and, on the same engine, the views and the fleets (the CLI, the bench)."""
+    store = build_store(settings, projector=projector, check_schema=check_schema)
+    return Storage(store=store, views=build_views(store), fleets=build_fleets(store))
 
 
 def sqlite_path(url: str) -> Path | None:

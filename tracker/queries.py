@@ -1,7 +1,8 @@
 """The read side: what the CLI and the HTTP API show of the record (cosmicpython's ``views.py``).
 
 Commands go through :class:`tracker.service.Tracker`; reads come here and go straight to the
-store's public methods. Both entry points use these functions, so an event has one JSON
+ports: the log through the ``EventStore`` (history, feed, state, export, verify), listings and
+gauges through the read side's ``SessionViews`` (``views``: ``tracker.bootstrap.build_views``). Both entry points use these functions, so an event has one JSON
 form (:func:`event_to_dict`) and a page of history or of the global feed is cut one way.
 
     events, next_from = history_page(store, "s1", from_version=1, limit=100)
@@ -24,8 +25,10 @@ from datetime import datetime
 from typing import Any
 
 from tracker.core import PRESSURES, SessionProjector, SessionState, check_session_id
+from tracker.core.model import FLEET_ID_LEN
 from tracker.errors import InvalidInput, UnknownSession
 from tracker.store import StoredEvent, verify_projections
+from tracker.store.base import SessionViews
 
 External = Callable[[str], str]
 
@@ -160,7 +163,7 @@ def check_pressure(pressure: str | None) -> None:
 
 
 def list_sessions(
-    store: Any,
+    views: SessionViews,
     *,
     pressure: str | None = None,
     since: datetime | None = None,
@@ -175,14 +178,14 @@ def list_sessions(
     """
     check_pressure(pressure)
     want = 1000 if limit is None else limit
-    rows = store.list_sessions(pressure=pressure, active_since=since, limit=want, session_prefix=prefix)
+    rows = views.list_sessions(pressure=pressure, active_since=since, limit=want, session_prefix=prefix)
     if external is not None:
         rows = [{**r, "session_id": external(r["session_id"])} for r in rows]
     return rows
 
 
 def iter_sessions(
-    store: Any,
+    views: SessionViews,
     *,
     pressure: str | None = None,
     since: datetime | None = None,
@@ -198,7 +201,7 @@ def iter_sessions(
     left = limit
     while left is None or left > 0:
         want = batch if left is None else min(batch, left)
-        rows = store.list_sessions(
+        rows = views.list_sessions(
             pressure=pressure, active_since=since, limit=want, session_prefix=prefix, after=after
         )
         for r in rows:
@@ -246,7 +249,7 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
 
 
 def sessions_page(
-    store: Any,
+    views: SessionViews,
     *,
     pressure: str | None = None,
     since: datetime | None = None,
@@ -270,7 +273,7 @@ def sessions_page(
     if cursor is not None:
         at, sid = decode_cursor(cursor)
         after = (at, prefix + sid)
-    rows = store.list_sessions(
+    rows = views.list_sessions(
         pressure=pressure, active_since=since, limit=limit + 1, session_prefix=prefix or None, after=after
     )
     page = rows[:limit]
@@ -296,14 +299,14 @@ def verify(store: Any) -> dict[str, Any]:
     equals the fold of its log.
     """
     diffs = verify_projections(store, SessionProjector())
-    n = sum(1 for _ in store.session_ids())
+    n = sum(1 for _ in store.log_versions())
     return {"ok": not diffs, "sessions": n, "differences": diffs}
 
 
 NO_FLEET = "none"  # the fleet label of sessions outside any fleet (the Python API on the same database)
 
 
-def fleet_gauges(store: Any, fleets: dict[str, str], now: float) -> dict[str, list[tuple[Any, ...]]]:
+def fleet_gauges(views: SessionViews, fleets: dict[str, str], now: float) -> dict[str, list[tuple[Any, ...]]]:
     """Where each fleet stands, for gauges: every label value from a closed set.
 
     ``fleets`` maps fleet ids to the names the labels show; sessions outside them count under
@@ -311,9 +314,7 @@ def fleet_gauges(store: Any, fleets: dict[str, str], now: float) -> dict[str, li
     Returns ``{"sessions": [(fleet, pressure, n)], "open_attempts": [(fleet, n)],
     "oldest_open_attempt_age": [(fleet, seconds)]}`` (the age is 0 with no attempt open).
     """
-    from tracker.store.fleets import FLEET_ID_LEN
-
-    summary = store.session_summary(FLEET_ID_LEN)
+    summary = views.session_summary(FLEET_ID_LEN)  # namespaces = the SessionScope.fleet_of of fleet ids
     names = [*fleets.values(), NO_FLEET]
     sessions = {(f, p): 0 for f in names for p in PRESSURES}
     open_attempts = dict.fromkeys(names, 0)

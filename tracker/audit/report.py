@@ -32,10 +32,16 @@ def render_html(session_id: str, stored: Iterable[Any], out: Any, title: str | N
 
 
 def render_store_html(
-    store: Any, session_id: str, out: Any, *, shown: str | None = None, title: str | None = None
+    store: Any,
+    session_id: str,
+    out: Any,
+    *,
+    shown: str | None = None,
+    title: str | None = None,
+    views: Any = None,
 ) -> dict[str, int]:
     """Write the session page of ``session_id`` at its current version to ``out``, read through the
     store's narrow reads; ``shown``: the id the page shows. Returns the counts as :func:`render_html`."""
-    story = read_story(store, session_id, shown=shown, table_rows=MAX_TABLE_ROWS)
+    story = read_story(store, session_id, shown=shown, table_rows=MAX_TABLE_ROWS, views=views)
     out.write(render_report(story, title))
     return dict(story.counts)

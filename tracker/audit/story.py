@@ -386,7 +386,9 @@ SAMPLE_POINTS = 1500  # measurements picked evenly for the chart ...
 PEAK_POINTS = 1000  # ... plus at most this many of those that opened an attempt or met the limit
 
 
-def read_story(store: Any, session_id: str, *, shown: str | None = None, table_rows: int = 0) -> Story:
+def read_story(
+    store: Any, session_id: str, *, shown: str | None = None, table_rows: int = 0, views: Any = None
+) -> Story:
     """The story of ``session_id`` at its current version without reading every event: the counts
     by type (one grouped read of an index), the lifecycle events (:data:`LIFECYCLE`: attempts, count
     failures, context-limit errors), an even sample of the measurements plus the ones that opened an
@@ -395,15 +397,16 @@ def read_story(store: Any, session_id: str, *, shown: str | None = None, table_r
     that the chart is drawn through sampled measurements instead of every one. ``shown``: the
     session id the page shows (default ``session_id``); ``table_rows``: the first events as a table.
     """
+    views = store if views is None else views  # the narrow reads: SessionViews (tracker.store.views)
     state, version = store.load(session_id)
     if version == 0:
         return Story(session_id=shown or session_id)
     if not isinstance(state, dict) or state.get("version") != version:  # no projection: read the log
         return build_story(shown or session_id, store.read_stream(session_id, 1, version), table_rows=table_rows)
-    by_type = store.count_by_type(session_id, version)
+    by_type = views.count_by_type(session_id, version)
     b = _Builder(shown or session_id, table_rows=0)
     peaks: list[int] = []
-    for e in store.read_types(session_id, LIFECYCLE, 1, version):
+    for e in views.read_types(session_id, LIFECYCLE, 1, version):
         b.add(e)
         if e.type in ("CompactionStarted", "ContextLimitReached"):
             peaks.append(e.version - 1)  # the measurement that opened it / met the limit
@@ -416,8 +419,8 @@ def read_story(store: Any, session_id: str, *, shown: str | None = None, table_r
     episode = list(s.episode)
     if by_type.get("ContextMeasured"):
         total = by_type["ContextMeasured"]
-        sample = store.sample_of_type(session_id, "ContextMeasured", SAMPLE_POINTS, version, total=total)
-        at_peaks = store.read_versions(session_id, peaks, ["ContextMeasured"])
+        sample = views.sample_of_type(session_id, "ContextMeasured", SAMPLE_POINTS, version, total=total)
+        at_peaks = views.read_versions(session_id, peaks, ["ContextMeasured"])
         seen: set[int] = set()
         for e in heapq.merge(sample, at_peaks, key=lambda x: x.version):
             if e.version not in seen:
@@ -444,7 +447,7 @@ def read_story(store: Any, session_id: str, *, shown: str | None = None, table_r
         "count_failed": by_type.get("CountFailed", 0),
         "context_limit": by_type.get("ContextLimitReached", 0),
     }
-    ends = store.read_versions(session_id, [1, version])
+    ends = views.read_versions(session_id, [1, version])
     story.first_at, story.last_at, story.version = ends[0].recorded_at, ends[-1].recorded_at, version
     if table_rows:
         story.rows = [

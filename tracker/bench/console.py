@@ -134,7 +134,7 @@ def _get(client: Any, path: str) -> None:
     assert resp.status_code == 200, (path, resp.status_code)
 
 
-def _pages(client: Any, store: Any, sid: str, n: int, aid: str, repeat: int) -> dict[str, float]:
+def _pages(client: Any, store: Any, sid: str, n: int, aid: str, repeat: int, views: Any) -> dict[str, float]:
     from tracker.audit.report import render_store_html
     from tracker.http.console import _STORIES
 
@@ -152,7 +152,9 @@ def _pages(client: Any, store: Any, sid: str, n: int, aid: str, repeat: int) -> 
         "session page, events from the middle": _median_ms(lambda: _get(client, page + f"?from={n // 2}"), repeat),
         "attempt page": _median_ms(lambda: _get(client, f"{page}/attempts/{aid}"), repeat),
         "what-if (compact at 7000)": _median_ms(lambda: _get(client, page + whatif), 1),
-        "static file (replay --html)": _median_ms(lambda: render_store_html(store, sid, io.StringIO()), repeat),
+        "static file (replay --html)": _median_ms(
+            lambda: render_store_html(store, sid, io.StringIO(), views=views), repeat
+        ),
     }
 
 
@@ -160,24 +162,25 @@ def run(url: str | None = None, sizes: tuple[int, ...] = (10_000, 100_000), repe
     from fastapi.testclient import TestClient
 
     from tracker import queries
+    from tracker.bootstrap import build_storage
     from tracker.core import SessionProjector
     from tracker.http.app import create_app
     from tracker.settings import Settings
-    from tracker.store import open_store, upgrade
-    from tracker.store.fleets import FleetStore
+    from tracker.store import upgrade
 
     tmp = tempfile.TemporaryDirectory(prefix="tracker-bench-console-")
     if url is None:
         url = f"sqlite:///{Path(tmp.name) / 'bench.db'}"
     upgrade(url)
-    store = open_store(url, projector=SessionProjector())
+    db = build_storage(Settings.of(database_url=url).store, projector=SessionProjector())
+    store = db.store
     out: dict[str, Any] = {"database": url.split(":", 1)[0], "repeat": repeat, "pages_ms": {}}
     try:
         for n in sizes:
             t0 = time.perf_counter()
             build_session(store, f"bench-{n}", n)
             out.setdefault("build_s", {})[str(n)] = round(time.perf_counter() - t0, 1)
-        _, token = FleetStore(store.engine).create_operator_key()
+        _, token = db.fleets.create_operator_key()
         app = create_app(settings=Settings.of(database_url=url))
         with TestClient(app) as client:
             r = client.post("/console/signin", content=f"key={token}", follow_redirects=False)
@@ -190,7 +193,7 @@ def run(url: str | None = None, sizes: tuple[int, ...] = (10_000, 100_000), repe
                     if e.type == "CompactionStarted"
                 )
 
-                out["pages_ms"][str(n)] = _pages(client, store, sid, n, aid, repeat)
+                out["pages_ms"][str(n)] = _pages(client, store, sid, n, aid, repeat, db.views)
             out["pages_ms"]["overview"] = _median_ms(lambda: _get(client, "/console/"), repeat)
     finally:
         store.close()

@@ -121,9 +121,9 @@ def run_http_bench(pg_url: str, redis_url: str | None, quick: bool = False) -> d
     """observe/s and latency over HTTP and in-process, measured in this same run."""
     import httpx
 
+    from tracker.bootstrap import build_storage
     from tracker.service import Tracker
-    from tracker.store import make_engine, upgrade
-    from tracker.store.fleets import FleetStore
+    from tracker.store import upgrade
 
     n = 300 if quick else 3000
     warmup = 30
@@ -132,13 +132,9 @@ def run_http_bench(pg_url: str, redis_url: str | None, quick: bool = False) -> d
     try:
         settings = Settings.of(database_url=url, redis_url=redis_url)  # normalized to psycopg 3 there
         upgrade(settings.store.database_url)
-        engine = make_engine(settings.store.database_url)
-        try:
-            fleets = FleetStore(engine)
-            fleets.create_fleet(f"bench-{run}")
-            _, token = fleets.create_key(f"bench-{run}")
-        finally:
-            engine.dispose()
+        with build_storage(settings.store) as db:
+            db.fleets.create_fleet(f"bench-{run}")
+            _, token = db.fleets.create_key(f"bench-{run}")
 
         headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
         # the API with httpx (what a Python agent's client does), the API with a raw keep-alive

@@ -139,10 +139,12 @@ def _reads(url: str, db_url: str, shape: dict[str, Any]) -> dict[str, float]:
     """ms per read, through the store (and, for ``old_*``, the statement shapes before 0003)."""
     import psycopg
 
+    from tracker.bootstrap import build_storage
     from tracker.core import SessionProjector
-    from tracker.store import open_store
+    from tracker.settings import Settings
 
-    store = open_store(db_url, projector=SessionProjector())
+    db = build_storage(Settings.of(database_url=db_url).store, projector=SessionProjector())
+    store = db.store
     long_sid = shape["longs"][0]
     mid = min(int(shape["long_session_events"] * 0.4), shape["long_session_events"] - 2000)
     last = shape["events"]
@@ -153,7 +155,7 @@ def _reads(url: str, db_url: str, shape: dict[str, Any]) -> dict[str, float]:
             "tail": _best_ms(lambda: store.read_all(last - PAGE, PAGE)),
             "history_batch": _best_ms(lambda: list(islice(store.read_stream(long_sid, mid + 1), 2000))),
             "load_session": _best_ms(lambda: store.load(long_sid)),
-            "pressure_page": _best_ms(lambda: store.list_sessions(pressure="compact", limit=PAGE)),
+            "pressure_page": _best_ms(lambda: db.views.list_sessions(pressure="compact", limit=PAGE)),
         }
         with psycopg.connect(url, autocommit=True) as conn:
             out["old_feed_idle_fleet"] = _best_ms(

@@ -23,6 +23,7 @@ from tracker.errors import InvalidInput, SchemaOutOfDate, TrackerError
 from tracker.settings import Settings
 
 if TYPE_CHECKING:  # pragma: no cover
+    from tracker.bootstrap import Storage
     from tracker.core import Policy
     from tracker.store.sql import SqlEventStore
 
@@ -78,29 +79,38 @@ def require_database_file(url: str) -> None:
         raise SchemaOutOfDate(f"no database at {path}; run `tracker db upgrade`", database=str(path))
 
 
-def open_store(as_json: bool = False) -> SqlEventStore:
-    """The event store of this process's settings, its schema checked (else a clear error and exit 2)."""
-    from tracker.bootstrap import build_store
+def open_storage(as_json: bool = False) -> Storage:
+    """The event store of this process's settings with its views and fleets (one engine), the
+    schema checked (else a clear error and exit 2)."""
+    from tracker.bootstrap import build_storage
     from tracker.core import SessionProjector
 
     s = settings()
     try:
         require_database_file(s.store.database_url)
-        return build_store(s.store, projector=SessionProjector())
+        return build_storage(s.store, projector=SessionProjector())
     except TrackerError as exc:
         fail(exc, as_json)
 
 
 @contextmanager
-def store_open(as_json: bool = False) -> Iterator[SqlEventStore]:
-    """``with store_open(as_json) as store:`` – closed at the end; a typed error is printed and exits 2."""
-    store = open_store(as_json)
+def storage_open(as_json: bool = False) -> Iterator[Storage]:
+    """``with storage_open(as_json) as db:`` -- ``db.store``, ``db.views``, ``db.fleets``; closed at
+    the end; a typed error is printed and exits 2."""
+    db = open_storage(as_json)
     try:
-        yield store
+        yield db
     except TrackerError as exc:
         fail(exc, as_json)
     finally:
-        store.close()
+        db.close()
+
+
+@contextmanager
+def store_open(as_json: bool = False) -> Iterator[SqlEventStore]:
+    """``with store_open(as_json) as store:`` -- the event store alone (``storage_open``)."""
+    with storage_open(as_json) as db:
+        yield db.store
 
 
 def redact(url: str) -> str:

@@ -7,7 +7,7 @@ from typing import Any
 
 import typer
 
-from tracker.cli._common import console, emit, fail, identifier, invalid, plain, plural, print_table, store_open
+from tracker.cli._common import console, emit, fail, identifier, invalid, plain, plural, print_table, storage_open
 
 fleet_app = typer.Typer(help="Fleets: the HTTP API's tenants (every session belongs to one).", no_args_is_help=True)
 key_app = typer.Typer(
@@ -19,10 +19,8 @@ JSON = typer.Option(False, "--json")
 
 def with_fleets(as_json: bool, call: Callable[[Any], Any]) -> Any:
     """Run ``call(fleets)`` on the fleet store; a typed error is printed (JSON with --json) and exits 2."""
-    from tracker.store.fleets import FleetStore
-
-    with store_open(as_json) as store:
-        return call(FleetStore(store.engine))
+    with storage_open(as_json) as db:
+        return call(db.fleets)
 
 
 @fleet_app.command("create")

@@ -7,7 +7,7 @@ import json
 import sys
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -35,10 +35,16 @@ from tracker.cli._common import (
     print_rows,
     print_table,
     settings,
+    storage_open,
     store_open,
     styled,
 )
+from tracker.core.model import SessionScope
 from tracker.errors import TrackerError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from tracker.bootstrap import Storage
+    from tracker.store.fleets import FleetStore
 
 app = typer.Typer()
 
@@ -50,27 +56,13 @@ FLEET = typer.Option(
 )
 
 
-class Scope:
-    """A fleet's namespace in the store: session ids in (``internal``) and out (``external``)."""
-
-    def __init__(self, prefix: str = "") -> None:
-        self.prefix = prefix
-
-    def internal(self, session_id: str) -> str:
-        return self.prefix + session_id
-
-    def external(self, session_id: str) -> str:
-        return session_id[len(self.prefix) :] if session_id.startswith(self.prefix) else session_id
-
-
-def _scope(store: Any, fleet: str | None, as_json: bool) -> Scope:
-    """The namespace of ``--fleet`` (by name or id); no namespace without it (ids as stored)."""
+def _scope(fleets: FleetStore, fleet: str | None, as_json: bool) -> SessionScope:
+    """The ``SessionScope`` of ``--fleet`` (by name or id): its ids are checked as the API checks
+    them (at most ``max_len`` characters); without it, the unscoped scope (ids as stored)."""
     if fleet is None:
-        return Scope()
-    from tracker.store.fleets import FleetStore, session_namespace
-
+        return SessionScope()
     try:
-        return Scope(session_namespace(FleetStore(store.engine).get_fleet(fleet)["fleet_id"]))
+        return SessionScope(fleets.get_fleet(fleet)["fleet_id"])
     except TrackerError as exc:
         fail(exc, as_json)
 
@@ -180,12 +172,12 @@ def sessions(
     except TrackerError as exc:
         fail(exc, as_json)
     active_since = parse_since(since, as_json) if since else None
-    with store_open(as_json) as store:
-        scope = _scope(store, fleet, as_json)
+    with storage_open(as_json) as db:
+        scope = _scope(db.fleets, fleet, as_json)
         if as_json:  # one JSON array, written as the rows come (constant memory at any --limit)
             stream_json_array(
                 queries.iter_sessions(
-                    store,
+                    db.views,
                     pressure=pressure,
                     since=active_since,
                     limit=limit,
@@ -195,7 +187,7 @@ def sessions(
             )
             return
         rows = queries.list_sessions(
-            store,
+            db.views,
             pressure=pressure,
             since=active_since,
             limit=limit,
@@ -235,7 +227,7 @@ def stream_json_array(rows: Iterable[dict[str, Any]]) -> None:
     out.flush()
 
 
-def _require_session(store: Any, session_id: str, as_json: bool, scope: Scope | None = None) -> int:
+def _require_session(db: Storage, session_id: str, as_json: bool, scope: SessionScope | None = None) -> int:
     """The session's version, for a session id that is valid and exists (else a clear error and exit 2).
 
     Without ``--fleet``, an unknown id that a fleet's agents use over HTTP gets a hint: ``--fleet NAME``.
@@ -243,11 +235,11 @@ def _require_session(store: Any, session_id: str, as_json: bool, scope: Scope | 
     from tracker import queries
     from tracker.errors import UnknownSession
 
-    scope = scope or Scope()
+    scope = scope or SessionScope()
     try:
-        return queries.require_session(store, scope.internal(session_id), name=session_id)
+        return queries.require_session(db.store, scope.internal(session_id), name=session_id)
     except UnknownSession as unknown:
-        fleets = [] if scope.prefix else _fleets_with(store, session_id)
+        fleets = [] if scope.prefix else _fleets_with(db, session_id)
         if not fleets:
             fail(unknown, as_json)
         hint = " or ".join(f"--fleet {name}" for name in fleets)
@@ -257,15 +249,14 @@ def _require_session(store: Any, session_id: str, as_json: bool, scope: Scope | 
         fail(exc, as_json)
 
 
-def _fleets_with(store: Any, session_id: str) -> list[str]:
+def _fleets_with(db: Storage, session_id: str) -> list[str]:
     """The names of the fleets that have a session ``session_id`` over HTTP."""
     from tracker import queries
-    from tracker.store.fleets import FleetStore, session_namespace
 
     found = []
-    for f in FleetStore(store.engine).list_fleets():
+    for f in db.fleets.list_fleets():
         try:
-            if queries.session_exists(store, session_namespace(f["fleet_id"]) + session_id):
+            if queries.session_exists(db.store, SessionScope(f["fleet_id"]).internal(session_id)):
                 found.append(f["name"])
         except TrackerError:  # too long once namespaced: no fleet can have it
             continue
@@ -283,9 +274,10 @@ def history(
     from tracker import queries
     from tracker.audit.format import event_summary
 
-    with store_open(as_json) as store:
-        scope = _scope(store, fleet, as_json)
-        version = _require_session(store, session_id, as_json, scope)
+    with storage_open(as_json) as db:
+        store = db.store
+        scope = _scope(db.fleets, fleet, as_json)
+        version = _require_session(db, session_id, as_json, scope)
         events = queries.read_history(store, scope.internal(session_id), from_version)
         if as_json:
             external = scope.external if scope.prefix else None
@@ -323,14 +315,15 @@ def replay(
     """Rebuild a session's state event by event; with policy flags, what-if on the recorded measurements."""
     from tracker import queries
 
-    with store_open(as_json) as store:
-        scope = _scope(store, fleet, as_json)
-        version = _require_session(store, session_id, as_json, scope)
+    with storage_open(as_json) as db:
+        store = db.store
+        scope = _scope(db.fleets, fleet, as_json)
+        version = _require_session(db, session_id, as_json, scope)
         stream = version > TABLE_MAX_ROWS
         events = queries.read_history(store, scope.internal(session_id), 1, at)
         if html_file is not None:
             # at the head: the store's narrow reads (the console's page); up to --at: the stream
-            source = (store, scope.internal(session_id)) if at is None or at >= version else events
+            source = (db, scope.internal(session_id)) if at is None or at >= version else events
             _replay_html(session_id, source, html_file, as_json)
         elif any(
             f is not None
@@ -361,7 +354,8 @@ def _replay_html(session_id: str, events: Any, html_file: Path, as_json: bool) -
     # backslashreplace: a lone surrogate an old writer recorded is written as its escape, not a crash
     with html_file.open("w", encoding="utf-8", errors="backslashreplace") as fh:
         if isinstance(events, tuple):
-            counts = render_store_html(events[0], events[1], fh, shown=session_id)
+            db = events[0]
+            counts = render_store_html(db.store, events[1], fh, shown=session_id, views=db.views)
         else:
             counts = render_html(session_id, events, fh)
     if as_json:
@@ -462,8 +456,9 @@ def export(
     """All events as JSON lines in global commit order; resumable with --since (--fleet: one fleet's)."""
     from tracker import queries
 
-    with store_open(as_json) as store:
-        scope = _scope(store, fleet, as_json)
+    with storage_open(as_json) as db:
+        store = db.store
+        scope = _scope(db.fleets, fleet, as_json)
         if scope.prefix:
             print_json_lines(queries.export_events(store, since, limit, prefix=scope.prefix, external=scope.external))
         else:

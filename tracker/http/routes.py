@@ -188,7 +188,7 @@ def list_sessions(
     if since is not None and since.tzinfo is None:
         since = since.replace(tzinfo=UTC)
     page = queries.sessions_page(
-        runtime.store(),
+        runtime.views(),
         pressure=pressure,
         since=since,
         limit=limit,

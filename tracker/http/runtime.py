@@ -15,26 +15,23 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tracker import telemetry
-from tracker.core import check_session_id
 from tracker.core.events import CompactionRejected, ContextMeasured
+from tracker.core.model import SessionScope
 from tracker.errors import (
     ContextLimitError,
     CountError,
-    InvalidSessionId,
     InvalidSetting,
     SummaryTooLarge,
     TrackerError,
 )
 from tracker.http.errors import error_body
-from tracker.http.schemas import MAX_SESSION_ID
 from tracker.http.waits import Waits
 from tracker.settings import Settings
-from tracker.store.fleets import session_namespace
 
 if TYPE_CHECKING:  # pragma: no cover
     from tracker.core import Attempt, SessionState
     from tracker.service import Result, Tracker
-    from tracker.store.base import EventStore
+    from tracker.store.base import EventStore, SessionViews
     from tracker.store.fleets import FleetStore
 
 log = logging.getLogger("tracker.http")
@@ -186,7 +183,7 @@ class FleetGauges:
                 return self._cached[1]
             try:
                 fleets = {f["fleet_id"]: f["name"] for f in self._runtime.fleets().list_fleets()}
-                data: dict[str, Any] | None = fleet_gauges(self._runtime.store(), fleets, time.time())
+                data: dict[str, Any] | None = fleet_gauges(self._runtime.views(), fleets, time.time())
             except Exception:  # noqa: BLE001 - any failure to read means the store is not up
                 data = None
             self._cached = (now, data)
@@ -268,22 +265,10 @@ class Commands:
 
 
 @dataclass(frozen=True)
-class Caller:
-    """The authenticated fleet. Its sessions are stored as ``"<fleet_id>:<session_id>"``."""
+class Caller(SessionScope):
+    """The authenticated fleet: its ``SessionScope`` (sessions stored as ``"<fleet_id>:<session_id>"``)."""
 
     fleet_id: str
-
-    @property
-    def prefix(self) -> str:
-        return session_namespace(self.fleet_id)
-
-    def internal(self, session_id: str) -> str:
-        if len(session_id) > MAX_SESSION_ID:
-            raise InvalidSessionId(f"must be at most {MAX_SESSION_ID} characters over HTTP, got {len(session_id)}")
-        return check_session_id(f"{self.prefix}{session_id}")
-
-    def external(self, session_id: str) -> str:
-        return session_id[len(self.prefix) :] if session_id.startswith(self.prefix) else session_id
 
 
 # -- the runtime --------------------------------------------------------------------------------
@@ -303,6 +288,7 @@ class Runtime:
         self._owned = tracker is None
         self._commands: Commands | None = None
         self._fleets: FleetStore | None = None
+        self._views: SessionViews | None = None
         self._redis: Any = None
         self._lock = threading.Lock()
         self.waits = Waits(self.tracker, settings.api.max_waits_per_fleet, self.metrics.waits_open)
@@ -325,18 +311,32 @@ class Runtime:
         return c
 
     def store(self) -> EventStore:
-        """The event store, for the read side (``tracker.queries``)."""
+        """The event store, for the read side's log reads (``tracker.queries``: history, feed, state)."""
         return self.tracker().store
 
+    def views(self) -> SessionViews:
+        """The read side's views on the Tracker's database: listings, gauges, the session page's reads."""
+        v = self._views
+        if v is None:
+            store = self.tracker().store
+            with self._lock:
+                if self._views is None:
+                    from tracker.bootstrap import build_views
+
+                    self._views = build_views(store)
+                v = self._views
+        return v
+
     def fleets(self) -> FleetStore:
+        """The fleets and their keys on the Tracker's database."""
         f = self._fleets
         if f is None:
-            engine = self.tracker().store.engine
+            store = self.tracker().store
             with self._lock:
                 if self._fleets is None:
-                    from tracker.store.fleets import FleetStore
+                    from tracker.bootstrap import build_fleets
 
-                    self._fleets = FleetStore(engine, cache_s=self.settings.api.api_key_cache_s)
+                    self._fleets = build_fleets(store, cache_s=self.settings.api.api_key_cache_s)
                 f = self._fleets
         return f
 
@@ -346,12 +346,13 @@ class Runtime:
     # -- readiness --------------------------------------------------------------------------
     def readiness(self) -> tuple[bool, dict[str, Any]]:
         """``(ready, checks)``: the database reachable with its schema current; Redis answering, if configured."""
-        from tracker.store import check_schema, head_revision
+        from tracker.bootstrap import check_store_schema
+        from tracker.store import head_revision
 
         checks: dict[str, Any] = {}
         ready = True
         try:
-            check_schema(self.tracker().store.engine)
+            check_store_schema(self.tracker().store)
             checks["database"] = {"status": "ok", "schema": head_revision()}
         except TrackerError as exc:
             ready = False

@@ -19,15 +19,15 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model
 
 from tracker.core import Attempt, Decision, SessionState, check_text
-from tracker.core.model import JSON_SAFE_INT, Quality
+from tracker.core.model import FLEET_ID_LEN, JSON_SAFE_INT, MAX_SESSION_ID_LEN, Quality, SessionScope
 from tracker.core.state import LastMeasurement
 from tracker.store import StoredEvent
-from tracker.store.fleets import FLEET_ID_LEN
 
 API_PREFIX = "/v1"
 WAIT_MAX_S = 30.0
-MAX_INTERNAL_SESSION_ID = 200
-MAX_SESSION_ID = MAX_INTERNAL_SESSION_ID - FLEET_ID_LEN - 1  # 189: "<fleet_id>:" is added on the way in
+MAX_INTERNAL_SESSION_ID = MAX_SESSION_ID_LEN
+#: 189: the longest id a fleet's caller may name ("<fleet_id>:" is added on the way in)
+MAX_SESSION_ID = SessionScope("f" * FLEET_ID_LEN).max_len
 SESSION_ID_PATTERN = rf"^[A-Za-z0-9._:-]{{1,{MAX_SESSION_ID}}}$"
 MAX_POSITION = 2**63 - 1
 MAX_VERSION = 2**31 - 1

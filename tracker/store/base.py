@@ -1,7 +1,9 @@
 """The event store's value types and interface (behaviour.md "Events": the log is the truth).
 
 ``EventStore`` is what the rest of the tracker codes against; ``tracker.store.sql``
-implements it on SQLite and PostgreSQL (the fast path there: ``tracker.store.postgres``). A ``Projector`` supplied by the caller
+implements it on SQLite and PostgreSQL (the backends: ``tracker.store.sqlite`` and
+``tracker.store.postgres``), ``tracker.store.memory`` in memory. ``SessionViews`` is the read
+side's port (``tracker.store.views``). A ``Projector`` supplied by the caller
 folds events into the per-session projection (``sessions`` table), which the
 store writes in the same transaction as the events it was folded from.
 """
@@ -11,10 +13,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
-if TYPE_CHECKING:  # pragma: no cover
-    from sqlalchemy.engine import Engine
+from tracker.errors import ConcurrencyConflict, StoreError, TrackerError
 
 DEFAULT_MAX_EVENT_BYTES = 64 * 1024
 MAX_EVENT_TYPE_LEN = 100
@@ -77,19 +78,52 @@ class Projector(Protocol):
         ...
 
 
+def fold_events(proj: Projector, state: dict[str, Any], stored: Sequence[StoredEvent]) -> dict[str, Any]:
+    """``stored`` folded into ``state`` (with the projector's ``apply_many`` when it has one)."""
+    many = getattr(proj, "apply_many", None)
+    if many is not None:
+        return many(state, stored)
+    for ev in stored:
+        state = proj.apply(state, ev)
+    return state
+
+
+def row_columns(proj: Projector, state: dict[str, Any]) -> tuple[Any, Any, Any, int]:
+    """(pressure, revision, occupancy_bp, open_attempts): the listing columns of a projection row."""
+    cols = proj.columns(state) or {}
+    return (cols.get("pressure"), cols.get("revision"), cols.get("occupancy_bp"), int(cols.get("open_attempts") or 0))
+
+
+def conflict_error(sid: str, expected: int, actual: int, state: dict[str, Any] | None = None) -> TrackerError:
+    """``ConcurrencyConflict`` (with the current state when known); ``StoreError`` when the log is at
+    ``expected`` but the projection row is not (a row deleted or out of step: ``tracker verify``)."""
+    if actual == expected:
+        return StoreError(
+            f"session {sid}: the projection row is missing or out of step with the log at version {actual}; "
+            "run `tracker verify`",
+            session_id=sid,
+        )
+    conflict = ConcurrencyConflict(
+        f"session {sid}: expected version {expected}, but the stream is at {actual}",
+        session_id=sid,
+        expected=expected,
+        actual=actual,
+    )
+    if state is not None:
+        conflict.current_state = state
+    return conflict
+
+
 class EventStore(Protocol):
-    """What the tracker uses of an event store (``tracker.store.sql.SqlEventStore`` implements it).
+    """What the tracker uses of an event store: the log and the projection, nothing else (ten methods).
 
     Commands (``tracker.service``) use ``append``, ``find_idempotent``, ``load`` and
-    ``read_stream``; the read side (``tracker.queries``) also ``read_all``,
-    ``stream_version``, ``list_sessions`` and ``session_ids``; verification
-    (``tracker.store.verify``) ``log_versions``, ``projection_row`` and ``fold_stream``.
-    ``engine`` is the SQLAlchemy engine of the store's database, shared with the fleet
-    store and the schema check.
+    ``read_stream``; the read side (``tracker.queries``) also ``read_all`` and
+    ``stream_version``; verification (``tracker.store.verify``) ``log_versions``,
+    ``projection_row`` and ``fold_stream``. Implementations: ``tracker.store.sql.SqlEventStore``
+    (SQLite, PostgreSQL) and ``tracker.store.memory.MemoryEventStore``. Listings, gauges and the
+    session page's narrow reads are ``SessionViews``; fleets are ``tracker.store.fleets``.
     """
-
-    @property
-    def engine(self) -> Engine: ...
 
     def append(
         self,
@@ -132,12 +166,9 @@ class EventStore(Protocol):
         """The session's state folded from the log alone (default: the store's projector), and its version."""
         ...
 
-    def session_ids(self) -> Iterator[str]:
-        """Every session with a projection row, in id order."""
-        ...
-
     def log_versions(self) -> Iterator[tuple[str, int]]:
-        """(session_id, last version) of every stream in the log, in id order."""
+        """(session_id, last version in the log) of every session the store knows: each stream of
+        the log in id order, then each projection row without events, with version 0."""
         ...
 
     def projection_row(self, session_id: str) -> dict[str, Any] | None:

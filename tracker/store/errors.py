@@ -9,22 +9,23 @@ refused, server stopped, ``database is locked`` beyond the busy timeout, no pool
 connection free in time), else as ``StoreError``; the original stays as
 ``__cause__``. The tracker's own errors pass through unchanged. (The shape is
 httpx's ``map_httpcore_exceptions``.) The event store, its PostgreSQL fast path, the
-fleet store and the migrations all use it, so "unavailable" means the same
-everywhere.
+read side's views, the fleet store and the migrations all use it, so "unavailable" means
+the same everywhere. ``run_core`` runs one read on a Core connection through it.
 """
 
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import psycopg
 from sqlalchemy import exc as sa_exc
 
 from tracker.errors import StoreError, StoreUnavailable, TrackerError
 
-__all__ = ["DB_ERRORS", "is_unavailable", "map_db_errors", "to_store_error"]
+__all__ = ["DB_ERRORS", "is_unavailable", "map_db_errors", "run_core", "to_store_error"]
 
 #: Errors meaning "the database cannot be reached now". ``sa_exc.TimeoutError``: no pooled
 #: connection free within pool_timeout (every connection busy, e.g. many request threads of
@@ -70,3 +71,18 @@ def map_db_errors(what: str) -> Iterator[None]:
         raise
     except DB_ERRORS as exc:
         raise to_store_error(exc, what) from exc
+
+
+def run_core(engine: Any, what: str, fn: Callable[[Any], Any]) -> Any:
+    """``fn(conn)`` on a Core connection of ``engine``, with typed errors; run once more on a
+    fresh connection if the pooled one turned out dead (``connection_invalidated``). Only for
+    reads (and look-ups that write nothing): running them twice changes nothing."""
+    with map_db_errors(what):
+        try:
+            with engine.connect() as conn:
+                return fn(conn)
+        except sa_exc.DBAPIError as exc:
+            if not exc.connection_invalidated:
+                raise
+        with engine.connect() as conn:
+            return fn(conn)

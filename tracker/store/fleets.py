@@ -1,7 +1,8 @@
 """Fleets and their API keys (the HTTP API's tenants).
 
 A **fleet** is a group of agents sharing sessions; every session belongs to one
-fleet. Its API keys are sent as ``Authorization: Bearer <token>``.
+fleet, and is stored as ``"<fleet_id>:<session_id>"`` (``tracker.core.model.SessionScope``;
+``fleet_id`` is ``f`` + 9 hex digits, ``FLEET_ID_LEN``). Its API keys are sent as ``Authorization: Bearer <token>``.
 
 Tokens look like ``ctk_<key_id>_<secret>``: ``key_id`` (12 hex characters) is
 public and names the key (``tracker key list`` / ``revoke``), ``secret`` is 32
@@ -27,21 +28,19 @@ from typing import Any
 from sqlalchemy import exc as sa_exc
 from sqlalchemy import insert, select, update
 
+from tracker.core.model import FLEET_ID_LEN
 from tracker.errors import FleetExists, InvalidInput, StoreError, UnknownFleet, UnknownKey
 from tracker.store.errors import map_db_errors
 from tracker.store.schema import api_keys, fleets, operator_keys
 
 __all__ = [
-    "FLEET_ID_LEN",
     "KEY_ID_LEN",
     "OPERATOR_TOKEN_PREFIX",
     "TOKEN_PREFIX",
     "FleetStore",
     "hash_token",
-    "session_namespace",
 ]
 
-FLEET_ID_LEN = 10
 KEY_ID_LEN = 12
 TOKEN_PREFIX = "ctk_"
 OPERATOR_TOKEN_PREFIX = "cto_"  # operator keys: the console, every fleet (never the /v1 API)
@@ -49,11 +48,6 @@ _FLEET_NAME = re.compile(r"[A-Za-z0-9._-]{1,100}")
 _KEY_ID = re.compile(r"[0-9a-f]{12}")
 _TOKEN = re.compile(r"ctk_([0-9a-f]{12})_([A-Za-z0-9_-]{20,100})")
 _OPERATOR_TOKEN = re.compile(r"cto_([0-9a-f]{12})_([A-Za-z0-9_-]{20,100})")
-
-
-def session_namespace(fleet_id: str) -> str:
-    """The prefix of a fleet's sessions in the event store: ``"<fleet_id>:"`` (the HTTP API hides it)."""
-    return f"{fleet_id}:"
 
 
 def hash_token(token: str) -> str:

@@ -2,8 +2,8 @@
 
 One ``PgFastPath`` belongs to one ``SqlEventStore`` on PostgreSQL and does the hot work
 there: appends, ``read_stream`` pages, ``read_all``, ``load`` and ``stream_version``.
-Everything else (idempotency look-ups, listings, verification) goes through SQLAlchemy
-Core in ``tracker.store.sql``. The store keeps what is backend-neutral -- validation, the
+Everything else (idempotency look-ups and verification in ``tracker.store.sql``, the read
+side's views in ``tracker.store.views``) goes through SQLAlchemy Core. The store keeps what is backend-neutral -- validation, the
 projection cache, folding -- and hands this class the events and the projection row
 (see :meth:`PgFastPath.append`).
 
@@ -21,12 +21,18 @@ use them too, prepared as well.
 Faults: before a stashed connection is used, its socket is polled (no round trip): a
 connection the server closed (restart, termination) has an error message or EOF waiting
 there, and is pinged and replaced; one idle for more than ``PG_PING_IDLE_S`` is pinged
-anyway. A disconnect seen on a connection in use invalidates the engine's pool. A failed
-append is retried once on a fresh connection only when that is safe: nothing was sent, or
-the call carries an idempotency key (``ct_append`` checks the key first, so a second run of
-a call that did commit returns ``Replayed``). Otherwise nobody can know whether the
-statement committed: the driver error propagates (the store maps it to
-``StoreUnavailable``), and a retry with the same idempotency key is safe.
+anyway. A disconnect seen on a connection in use invalidates the engine's pool. An append
+that failed on a dead connection taken from the stash is run once more on a fresh
+connection only when that is safe: nothing was sent, or the call carries an idempotency key
+(``ct_append`` checks the key first, so a second run of a call that did commit returns
+``Replayed``). The rule is about the statement, not a COMMIT: it runs in autocommit (the
+tests' ``before_commit`` seam wraps it in BEGIN … COMMIT, under the same rule), so once it
+was sent without a key nobody can know whether it committed, and it is not run again: the
+driver error propagates (the store maps it to ``StoreUnavailable``), and a retry with the
+same idempotency key is safe. A failure on a freshly made connection is not retried either.
+Reads are run once more whenever the stashed connection turned out dead.
+
+Commit order: see the comment above ``_READ_ALL`` (the proof that ``read_all`` never skips).
 """
 
 from __future__ import annotations
@@ -68,8 +74,41 @@ _READ_STREAM = (
     f"SELECT {_EVENT_COLS} FROM events WHERE session_id = %s AND version > %s AND version <= %s "
     "ORDER BY version LIMIT %s"
 )
-# The watermark and the rows come from the same statement, hence the same snapshot
-# (the commit-order argument is in tracker.store.sql's docstring).
+# Commit-order tailing: why a reader paging through ``read_all(after_position)`` never skips
+# an event that commits later with a lower position.
+#
+# Positions come from the identity sequence (CACHE 1), but transactions commit in any order,
+# so position order alone is not safe: a tailer could read position 11 (committed) while 10
+# is still in flight, resume after 11 and never see 10. We use a transaction-id watermark,
+# made sound by a tiny critical section:
+#
+# 1. Every append goes through ``ct_append`` (``_APPEND`` above), one statement in its own
+#    transaction. Under a session-level advisory lock ``L`` (``APPEND_LOCK_KEY``) it only
+#    (a) assigns the transaction its id (``pg_current_xact_id()``) and (b) draws the events'
+#    positions (``nextval``), then releases ``L`` and inserts the rows, recording the
+#    transaction id in ``events.txid``. ``L`` is held for microseconds and never across the
+#    insert or the commit, so appends still commit in parallel.
+# 2. Hence, for any two appending transactions A and B: ``xid(A) < xid(B)`` iff every
+#    position of A is below every position of B (xids and sequence values both grow with
+#    time, and each transaction takes both inside one ``L`` section).
+# 3. ``read_all`` is the one statement below, returning the rows with
+#    ``txid < pg_snapshot_xmin(pg_current_snapshot())`` (``xmin`` of that very statement's
+#    snapshot), ordered by position: the watermark and the rows come from the same
+#    statement, hence the same snapshot. Every transaction with an xid below ``xmin`` has
+#    ended, and its committed rows are visible in the snapshot; every transaction that can
+#    still commit (running now, or not yet started) has an xid ``>= xmin`` and so, by (2),
+#    only positions above every position returned. The result is therefore a prefix of the
+#    final log in position order: the next call, after the last position seen, cannot miss
+#    anything. Committed rows with ``txid >= xmin`` are simply returned by a later call.
+#
+# Without step 1 the watermark alone is not enough: B (higher xid) can draw a lower position
+# than A (lower xid); once A commits, the watermark passes A's rows while B, holding the
+# lower position, is still running. Trade-off: an event becomes visible to ``read_all`` only
+# once every transaction that got an xid before it (anywhere in the PostgreSQL cluster, not
+# only appends) has ended, so a long-running writing transaction delays tailing (never
+# safety). ``read_stream`` and ``load`` are not affected. The prefix filters below
+# (``_READ_ALL_PREFIX``, ``_READ_ALL_FLEET``) are part of the same statement and keep the
+# same watermark, so their results are prefixes of the filtered log.
 _READ_ALL = (
     f"SELECT {_EVENT_COLS} FROM events WHERE position > %s "
     "AND txid < pg_snapshot_xmin(pg_current_snapshot())::text::bigint ORDER BY position LIMIT %s"

@@ -19,6 +19,7 @@ both backends. Change both together.
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 from sqlalchemy import (
     JSON,
@@ -38,6 +39,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.types import TypeDecorator
+
+from tracker.store.base import StoredEvent
 
 NAMING_CONVENTION = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -141,6 +144,22 @@ sessions = Table(
 )
 # a pressure filter reads exactly its page, newest first (replaces an index on pressure alone)
 Index("ix_sessions_pressure_updated_at", sessions.c.pressure, sessions.c.updated_at.desc(), sessions.c.session_id)
+
+#: the columns of a ``StoredEvent``, in its fields' order (``stored_event`` makes one of a row of them)
+EVENT_COLUMNS = (
+    events.c.position,
+    events.c.session_id,
+    events.c.version,
+    events.c.type,
+    events.c.data,
+    events.c.recorded_at,
+    events.c.idempotency_key,
+)
+
+
+def stored_event(row: Any) -> StoredEvent:
+    """The ``StoredEvent`` of a row selected as ``EVENT_COLUMNS``."""
+    return StoredEvent(row[0], row[1], row[2], row[3], row[4], row[5], row[6])
 
 
 # -- tenancy: the HTTP API's fleets and their keys (tracker.store.fleets, migration 0002) ----------

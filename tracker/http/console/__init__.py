@@ -293,8 +293,9 @@ def _overview(request: Request, viewer: Viewer, q: str, pressure: str, since: st
     now = datetime.now(UTC)
     active_since = now - SINCE[since] if since else None
     prefix = f"{base or ''}{q}" or None
-    rows = queries.list_sessions(store, pressure=pressure or None, since=active_since, prefix=prefix, limit=200)
-    everyone = queries.list_sessions(store, since=active_since, prefix=base, limit=1000)
+    views = _runtime(request).views()
+    rows = queries.list_sessions(views, pressure=pressure or None, since=active_since, prefix=prefix, limit=200)
+    everyone = queries.list_sessions(views, since=active_since, prefix=base, limit=1000)
     by_pressure = {p: 0 for p in PRESSURES}
     for r in everyone:
         if r.get("pressure") in by_pressure:
@@ -427,8 +428,9 @@ def _session_page(request: Request, viewer: Viewer, session_id: str) -> Response
         raise InvalidInput("type", f"must be one of {', '.join(EVENT_TYPES)}, got {kind!r}")
     limit = _int(qp.get("limit", ""), "limit", 100, 1, 500)
     start = _int(qp.get("from", ""), "from", 1, 1, 10**9)
-    story = _story(store, sid, session_id, version)
-    events, last, more = _events_page(store, sid, start, limit, kind)
+    views = _runtime(request).views()
+    story = _story(store, sid, session_id, version, views)
+    events, last, more = _events_page(store, sid, start, limit, kind, views)
     url = _session_url(viewer, sid)
 
     def link(**changes: Any) -> str:
@@ -463,7 +465,7 @@ _STORIES_MAX = 8
 _stories_lock = threading.Lock()
 
 
-def _story(store: Any, sid: str, shown: str, version: int) -> Any:
+def _story(store: Any, sid: str, shown: str, version: int, views: Any) -> Any:
     """The session's story up to ``version``: the log is append-only, so a (session, version) is read once
     and kept (the newest few) until the session moves on."""
     key = (id(store), sid, version)
@@ -472,7 +474,7 @@ def _story(store: Any, sid: str, shown: str, version: int) -> Any:
         if hit is not None:
             _STORIES.move_to_end(key)
             return hit
-    story = read_story(store, sid, shown=shown)
+    story = read_story(store, sid, shown=shown, views=views)
     with _stories_lock:
         _STORIES[key] = story
         while len(_STORIES) > _STORIES_MAX:
@@ -480,13 +482,13 @@ def _story(store: Any, sid: str, shown: str, version: int) -> Any:
     return story
 
 
-def _events_page(store: Any, sid: str, start: int, limit: int, kind: str) -> tuple[list[tuple], int, bool]:
+def _events_page(store: Any, sid: str, start: int, limit: int, kind: str, views: Any) -> tuple[list[tuple], int, bool]:
     """At most ``limit`` events from version ``start`` (of type ``kind`` if given): (rows, last version read, more?)."""
     from tracker.audit.format import event_summary
 
     # limit + 1 events: the extra one only says whether there are more
     got = list(
-        store.read_types(sid, [kind], start, limit=limit + 1) if kind else store.read_stream(sid, start, start + limit)
+        views.read_types(sid, [kind], start, limit=limit + 1) if kind else store.read_stream(sid, start, start + limit)
     )
     rows = [(e.version, e.recorded_at.isoformat()[:23], e.type, event_summary(e)) for e in got[:limit]]
     if len(got) > limit:
@@ -593,7 +595,7 @@ def attempt_page(request: Request, session_id: str, attempt_id: str) -> Response
         store = _runtime(request).store()
         sid = viewer.internal(session_id)
         queries.require_session(store, sid, name=session_id)
-        found = _find_attempt(store, sid, attempt_id)
+        found = _find_attempt(store, sid, attempt_id, _runtime(request).views())
         if found is None:
             raise UnknownAttempt(f"no attempt {attempt_id} in session {session_id}", attempt_id=attempt_id)
         attempt, events = found
@@ -610,13 +612,13 @@ def attempt_page(request: Request, session_id: str, attempt_id: str) -> Response
         return _error_page(request, viewer, exc)
 
 
-def _find_attempt(store: Any, sid: str, attempt_id: str) -> tuple[Any, list[tuple]] | None:
+def _find_attempt(store: Any, sid: str, attempt_id: str, views: Any) -> tuple[Any, list[tuple]] | None:
     from tracker.audit.format import event_summary
 
     opened: int | None = None
     ended: int | None = None
     # only the attempt lifecycle events are looked at (through the index on session, type, version)
-    for e in store.find_by_data(sid, ATTEMPT_EVENTS, "attempt_id", attempt_id):
+    for e in views.find_by_data(sid, ATTEMPT_EVENTS, "attempt_id", attempt_id):
         if e.type == "CompactionStarted":
             opened = e.version
         elif opened is not None:
@@ -691,7 +693,7 @@ def report_file(request: Request, session_id: str) -> Response:
     import io
 
     buf = io.StringIO()
-    render_store_html(store, sid, buf, shown=session_id)
+    render_store_html(store, sid, buf, shown=session_id, views=_runtime(request).views())
     name = "".join(c if c.isalnum() or c in "._-" else "_" for c in session_id)
     return HTMLResponse(
         buf.getvalue(), headers={"Content-Disposition": f'inline; filename="{name}.html"', "Cache-Control": "no-store"}
