@@ -255,3 +255,66 @@ def test_sqlite_writers_are_serialised_so_positions_follow_commits(sqlite_url):
     finally:
         for s in (slow, fast, reader):
             s.close()
+
+
+def test_threads_racing_on_the_in_memory_store():
+    """The same race in one process on ``MemoryEventStore`` (threads: it has no other processes):
+    versions gap-free, each won by exactly one writer, a tailer sees every event once, in order."""
+    from tracker.store import MemoryEventStore
+
+    store = MemoryEventStore(projector=CountingProjector())
+    # widen the window between "versions checked" and "published", as the SQL writers do
+    store.before_commit = lambda sid, positions: time.sleep(0.0005) if random.random() < 0.25 else None
+    start, done = threading.Barrier(WRITERS + 1), threading.Event()
+    wins: list[tuple[str, int, int, tuple[int, ...]]] = []
+    conflicts: list[int] = []
+    seen: list[int] = []
+    lock = threading.Lock()
+
+    def writer(wid: int) -> None:
+        rng, known, n = random.Random(wid), {}, 0
+        start.wait(10)
+        for i in range(APPENDS_PER_WRITER):
+            sid = "shared" if i % 2 == 0 else f"own-{wid}"
+            batch = [NewEvent("Tick", {"w": wid, "i": i, "j": j}) for j in range(rng.randint(1, 3))]
+            while True:
+                try:
+                    r = store.append(sid, known.get(sid, 0), batch)
+                except ConcurrencyConflict as exc:
+                    n += 1
+                    known[sid] = exc.actual
+                    assert exc.current_state is not None and exc.current_state["events"] == exc.actual
+                    continue
+                known[sid] = r.last_version
+                with lock:
+                    wins.append((sid, r.first_version, r.last_version, r.positions))
+                break
+        with lock:
+            conflicts.append(n)
+
+    def tailer() -> None:
+        after = 0
+        start.wait(10)
+        while True:
+            page = store.read_all(after, limit=50)
+            seen.extend(e.position for e in page)
+            after = page[-1].position if page else after
+            if not page and done.is_set():
+                return
+
+    threads = [threading.Thread(target=writer, args=(w,)) for w in range(WRITERS)]
+    tail = threading.Thread(target=tailer)
+    for t in [*threads, tail]:
+        t.start()
+    for t in threads:
+        t.join(60)
+    done.set()
+    tail.join(60)
+    log = store.read_all(0, limit=10**6)
+    assert seen == [e.position for e in log]  # every event once, in the log's order
+    assert sum(conflicts) > 0  # the shared session was contended
+    for sid, version in store.log_versions():
+        won = sorted((first, last) for s, first, last, _ in wins if s == sid)
+        assert [v for first, last in won for v in range(first, last + 1)] == list(range(1, version + 1))
+        assert [e.version for e in store.read_stream(sid)] == list(range(1, version + 1))
+    assert verify_projections(store, CountingProjector()) == []

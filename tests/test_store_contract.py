@@ -437,3 +437,94 @@ def test_projection_row_out_of_step_is_reported(sql_store, db_url):
         assert fresh.stream_version("lost") == 1
     finally:
         fresh.close()
+
+
+def test_a_conflict_carries_the_current_state_and_a_key_is_found_again(store):
+    r = store.append("cs", 0, [ev("Started", n=1), ev(n=2)], idempotency_key="k-1")
+    with pytest.raises(ConcurrencyConflict) as info:
+        store.append("cs", 1, [ev()])
+    assert (info.value.expected, info.value.actual) == (1, 2)
+    assert info.value.current_state == r.state == fold(ToyProjector(), "cs", list(store.read_stream("cs")))
+    found = store.find_idempotent("cs", "k-1")
+    assert found is not None and found.replayed
+    assert (found.first_version, found.last_version, found.positions, found.state) == (1, 2, r.positions, r.state)
+    assert store.find_idempotent("cs", "k-2") is None and store.find_idempotent("nobody", "k-1") is None
+
+
+def test_a_projected_state_is_stored_as_given_and_verify_sees_a_wrong_one(store):
+    projector = ToyProjector()
+    first = store.append("pj", 0, [ev(n=1)])
+    right = fold(
+        projector, "pj", [*store.read_stream("pj"), StoredEvent(0, "pj", 2, "Tick", {"n": 2}, datetime.now(UTC), None)]
+    )
+    r = store.append("pj", 1, [ev(n=2)], projected=right)
+    assert r.state == right and store.load("pj") == (right, 2) and first.state["sum"] == 1
+    assert verify_projections(store, projector) == []
+    wrong = {**right, "sum": 99}
+    store.append("pj", 2, [ev(n=3)], projected=wrong)  # the caller's word: verify is what checks it
+    assert store.load("pj") == (wrong, 3)
+    assert {d["field"] for d in verify_projections(store, projector)} == {"state", "occupancy_bp"}
+
+
+def test_verification_reads(store):
+    assert list(store.log_versions()) == [] and store.projection_row("none") is None
+    store.append("vb", 0, [ev("Started", n=3)])
+    store.append("va", 0, [ev(), ev("Pressure", level="compact")])
+    assert list(store.log_versions()) == [("va", 2), ("vb", 1)]
+    row = store.projection_row("vb")
+    assert row is not None
+    assert {k: row[k] for k in ("session_id", "version", "pressure", "revision", "occupancy_bp", "open_attempts")} == {
+        "session_id": "vb",
+        "version": 1,
+        "pressure": "normal",
+        "revision": 1,
+        "occupancy_bp": 3,
+        "open_attempts": 1,
+    }
+    assert row["state"] == store.load("vb")[0] and row["created_at"] <= row["updated_at"]
+    state, version = store.fold_stream("va")
+    assert version == 2 and state == store.load("va")[0]
+    assert store.fold_stream("va", 1)[1] == 1
+    with pytest.raises(InvalidSessionId):
+        store.projection_row("bad id!")
+
+
+def test_read_inputs_are_checked_alike(store):
+    for call, field in (
+        (lambda: store.read_all(True), "after_position"),
+        (lambda: store.read_all(0, limit=True), "limit"),
+        (lambda: store.read_stream("x", True), "from_version"),
+        (lambda: store.read_stream("x", 1, "2"), "to_version"),
+    ):
+        with pytest.raises(InvalidInput) as info:
+            call()
+        assert info.value.field == field
+    for call in (store.load, store.stream_version, store.read_stream):
+        with pytest.raises(InvalidSessionId):
+            call("x" * 201)
+
+
+def test_the_port_is_narrow_and_the_store_modules_are_small():
+    """The EventStore port has at most ten methods and no engine; no store module passes 600 lines."""
+    import ast
+    from pathlib import Path
+
+    import tracker.store as pkg
+    from tracker.store.base import EventStore, SessionViews
+
+    methods = [n for n in vars(EventStore) if not n.startswith("_")]
+    assert len(methods) <= 10 and "engine" not in methods, methods
+    assert {"list_sessions", "session_summary", "count_by_type", "read_types"} <= set(vars(SessionViews))
+    for path in Path(pkg.__file__).parent.glob("*.py"):
+        assert len(path.read_text(encoding="utf-8").splitlines()) <= 600, path.name
+    for impl in (MemoryEventStore, store_sql.SqlEventStore):
+        assert set(methods) <= set(dir(impl)), impl
+    # no caller reaches for a store's engine (the composition root builds views and fleets on it)
+    root = Path(pkg.__file__).parents[1]
+    for path in root.rglob("*.py"):
+        if path.parent.name == "store" or path.name == "bootstrap.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Attribute) and node.attr == "engine":
+                owner = getattr(node.value, "attr", getattr(node.value, "id", ""))
+                assert owner != "store", f"{path}: store.engine"

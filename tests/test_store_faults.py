@@ -22,7 +22,9 @@ from typing import Any
 import pytest
 from sqlalchemy import create_engine, text
 
+from tests.conftest import _sqlalchemy_url, create_pg_database, drop_pg_database
 from tracker.bench.store import CountingProjector
+from tracker.bootstrap import build_views
 from tracker.errors import (
     ConcurrencyConflict,
     InvalidInput,
@@ -32,7 +34,7 @@ from tracker.errors import (
     StoreUnavailable,
 )
 from tracker.settings import normalize_database_url
-from tracker.store import NewEvent, open_store, upgrade, verify_projections
+from tracker.store import MemoryEventStore, NewEvent, open_store, upgrade, verify_projections
 from tracker.store.schema import APPEND_LOCK_KEY
 
 # -- a private PostgreSQL cluster ------------------------------------------------------------------
@@ -147,6 +149,7 @@ def ev(**data: Any) -> NewEvent:
 @pytest.mark.slow
 def test_stopped_server_gives_store_unavailable_and_the_next_call_works(cluster, fault_url):
     store = open_store(fault_url, projector=CountingProjector())
+    views = build_views(store)
     try:
         assert store.append("s", 0, [ev(i=1), ev(i=2)]).last_version == 2
         cluster.stop()
@@ -157,8 +160,8 @@ def test_stopped_server_gives_store_unavailable_and_the_next_call_works(cluster,
             lambda: store.read_all(0),
             lambda: store.load("s"),
             lambda: store.stream_version("s"),
-            lambda: store.list_sessions(),
-            lambda: list(store.session_ids()),
+            lambda: views.list_sessions(),
+            lambda: list(store.log_versions()),
         ):
             with pytest.raises(StoreUnavailable) as info:
                 call()
@@ -182,6 +185,7 @@ def test_stopped_server_gives_store_unavailable_and_the_next_call_works(cluster,
 @pytest.mark.slow
 def test_server_restart_between_calls_is_invisible_to_the_next_call(cluster, fault_url):
     store = open_store(fault_url, projector=CountingProjector())
+    views = build_views(store)
     try:
         store.append("r", 0, [ev()])
         cluster.stop()
@@ -189,12 +193,12 @@ def test_server_restart_between_calls_is_invisible_to_the_next_call(cluster, fau
         # pooled connections are dead now; the store notices and reconnects
         assert store.append("r", 1, [ev()]).last_version == 2
         assert store.load("r")[1] == 2
-        store.list_sessions()  # (also puts a connection of the Core path in the pool)
+        views.list_sessions()  # (also puts a connection of the Core path in the pool)
         cluster.stop()
         cluster.start()
         # every kind of call works first time after a restart
-        assert [row["session_id"] for row in store.list_sessions()] == ["r"]
-        assert list(store.session_ids()) == ["r"]
+        assert [row["session_id"] for row in views.list_sessions()] == ["r"]
+        assert list(store.log_versions()) == [("r", 2)]
         assert [e.version for e in store.read_stream("r")] == [1, 2]
         assert len(store.read_all(0)) == 2
         assert store.stream_version("r") == 2
@@ -300,20 +304,43 @@ def test_sqlite_file_that_cannot_be_opened(tmp_path):
 # -- bad input: typed errors, nothing written -----------------------------------------------------
 
 
-@pytest.fixture
-def store(db_url):
-    upgrade(db_url)
-    s = open_store(db_url, projector=CountingProjector(), max_event_bytes=1024)
-    s.append("base", 0, [ev(i=0)])
-    yield s
-    s.close()
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
+def input_store(request, tmp_path):
+    """(store, counts) on each backend: every one refuses bad input alike, the in-memory store
+    too (its checks are ``tracker.store.validate``, the same as the SQL store's)."""
+    pg_name = None
+    if request.param == "memory":
+        s: Any = MemoryEventStore(projector=CountingProjector(), max_event_bytes=1024)
+
+        def counts() -> tuple[int, int]:
+            return len(s.read_all(0, limit=10**9)), sum(v for _, v in s.log_versions())
+    else:
+        if request.param == "sqlite":
+            url = f"sqlite:///{tmp_path / 'tracker.db'}"
+        else:
+            pg_name, libpq = create_pg_database()
+            url = _sqlalchemy_url(libpq)
+        upgrade(url)
+        s = open_store(url, projector=CountingProjector(), max_event_bytes=1024)
+
+        def counts() -> tuple[int, int]:
+            return _counts(url)
+
+    try:
+        s.append("base", 0, [ev(i=0)])
+        yield s, counts
+    finally:
+        s.close()
+        if pg_name is not None:
+            drop_pg_database(pg_name)
 
 
 BAD_SESSION_IDS = ["", "has space", "semi;colon", "x" * 201, "ünï", "a/b", None, 42, "new\nline"]
 
 
-def test_invalid_session_ids_are_refused_and_nothing_written(store, db_url):
-    before = _counts(db_url)
+def test_invalid_session_ids_are_refused_and_nothing_written(input_store):
+    store, counts = input_store
+    before = counts()
     for sid in BAD_SESSION_IDS:
         with pytest.raises(InvalidSessionId) as info:
             store.append(sid, 0, [ev()])
@@ -321,11 +348,12 @@ def test_invalid_session_ids_are_refused_and_nothing_written(store, db_url):
         for call in (store.load, store.stream_version, store.read_stream):
             with pytest.raises(InvalidSessionId):
                 call(sid)
-    assert _counts(db_url) == before
+    assert counts() == before
 
 
-def test_oversized_event_is_refused_before_anything_is_written(store, db_url):
-    before = _counts(db_url)
+def test_oversized_event_is_refused_before_anything_is_written(input_store):
+    store, counts = input_store
+    before = counts()
     ok = ev(blob="x" * 100)
     too_big = ev(blob="x" * 2000)
     with pytest.raises(PayloadTooLarge) as info:
@@ -335,7 +363,7 @@ def test_oversized_event_is_refused_before_anything_is_written(store, db_url):
     assert isinstance(info.value, InvalidInput)
     with pytest.raises(PayloadTooLarge):
         store.append("newcomer", 0, [too_big], idempotency_key="k")
-    assert _counts(db_url) == before
+    assert counts() == before
     assert store.stream_version("base") == 1 and store.stream_version("newcomer") == 0
     # multi-byte characters count as bytes
     with pytest.raises(PayloadTooLarge):
@@ -381,8 +409,9 @@ BAD_ARGUMENTS = [
 ]
 
 
-def test_invalid_events_and_arguments_are_refused_and_nothing_written(store, db_url):
-    before = _counts(db_url)
+def test_invalid_events_and_arguments_are_refused_and_nothing_written(input_store):
+    store, counts = input_store
+    before = counts()
     for events, field in BAD_EVENTS:
         with pytest.raises(InvalidInput) as info:
             store.append("base", 1, events)
@@ -393,11 +422,12 @@ def test_invalid_events_and_arguments_are_refused_and_nothing_written(store, db_
         with pytest.raises(InvalidInput) as info:
             store.append("base", args.pop("expected_version"), [ev()], **args)
         assert info.value.field == field, kwargs
-    assert _counts(db_url) == before
+    assert counts() == before
     assert store.stream_version("base") == 1
 
 
-def test_a_backslash_before_u0000_text_is_fine(store):
+def test_a_backslash_before_u0000_text_is_fine(input_store):
+    store, _ = input_store
     r = store.append("base", 1, [ev(path="C:\\u0000dir")])  # a literal backslash, not a NUL
     assert list(store.read_stream("base", r.first_version))[0].data == {"path": "C:\\u0000dir"}
 
