@@ -178,10 +178,11 @@ def sessions_of(tracker: Sync, **filters: Any) -> list[dict[str, Any]]:
     (listing is a read, not a command: ``Tracker`` has no ``sessions()``)."""
     if isinstance(tracker.impl, Tracker):
         from tracker import queries
+        from tracker.bootstrap import build_views
 
-        rows, cursor = [], None
+        rows, cursor, views = [], None, build_views(tracker.impl.store)
         while True:
-            page = queries.sessions_page(tracker.impl.store, limit=2, cursor=cursor, **filters)
+            page = queries.sessions_page(views, limit=2, cursor=cursor, **filters)
             rows += page.sessions
             if (cursor := page.next_cursor) is None:
                 return rows

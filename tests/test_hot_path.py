@@ -250,15 +250,17 @@ def test_contenders_queue_on_the_lock_without_polling_it(pg_url, private_redis):
 
 def test_sessions_are_read_in_keyset_batches(sqlite_url):
     from tracker import queries
+    from tracker.bootstrap import build_views
 
     upgrade(sqlite_url)
     store = open_store(sqlite_url, projector=CountingProjector())
+    views = build_views(store)
     try:
         for i in range(7):
             store.append(f"s{i}", 0, [ev()])
-        whole = queries.list_sessions(store, limit=100)
-        assert [r["session_id"] for r in queries.iter_sessions(store, batch=2)] == [r["session_id"] for r in whole]
-        assert len(list(queries.iter_sessions(store, batch=2, limit=5))) == 5
+        whole = queries.list_sessions(views, limit=100)
+        assert [r["session_id"] for r in queries.iter_sessions(views, batch=2)] == [r["session_id"] for r in whole]
+        assert len(list(queries.iter_sessions(views, batch=2, limit=5))) == 5
     finally:
         store.close()
 

@@ -152,10 +152,11 @@ def test_first_use_from_several_processes_makes_one_database(tmp_path):
     for p in procs:
         assert p.wait(timeout=120) == 0, p.stderr.read() if p.stderr else ""
     from tracker import Tracker, queries
+    from tracker.bootstrap import build_views
     from tracker.settings import Settings
 
     with Tracker.from_settings(Settings.of(database_url=url)) as t:
-        listed = sorted(s["session_id"] for s in queries.list_sessions(t.store))
+        listed = sorted(s["session_id"] for s in queries.list_sessions(build_views(t.store)))
     assert listed == ["p0", "p1", "p2", "p3"]
     assert sorted(p.name for p in (tmp_path / "nested" / "dir").iterdir() if not p.name.startswith("t.db-")) == ["t.db"]
 

@@ -18,6 +18,7 @@ import pytest
 
 from tracker.audit.story import MAX_POINTS, account, build_story, read_story
 from tracker.bench.console import build_session
+from tracker.bootstrap import build_views
 from tracker.core import SessionProjector
 from tracker.store import NewEvent, open_store, upgrade
 
@@ -52,11 +53,17 @@ def store(db_url):
     s.close()
 
 
-def test_read_story_matches_the_full_read(store):
+@pytest.fixture
+def views(store):
+    """The narrow reads: the read side's views on the store's database."""
+    return build_views(store)
+
+
+def test_read_story_matches_the_full_read(store, views):
     sid = "long"
     build_session(store, sid, 6000)
     full = build_story(sid, store.read_stream(sid), table_rows=0)
-    narrow = read_story(store, sid, shown="shown-id")
+    narrow = read_story(store, sid, shown="shown-id", views=views)
     assert narrow.session_id == "shown-id"
     narrow.session_id = sid
     for name in SHOWN:
@@ -66,21 +73,21 @@ def test_read_story_matches_the_full_read(store):
     # the chart: at most the cap, ending at the newest measurement, and every measurement that
     # opened an attempt or met the limit while there are fewer of them than the peak budget
     assert narrow.sampled and len(narrow.points) <= MAX_POINTS
-    last = max(store.read_types(sid, ["ContextMeasured"], 5900), key=lambda e: e.version)
+    last = max(views.read_types(sid, ["ContextMeasured"], 5900), key=lambda e: e.version)
     assert narrow.points[-1].version == last.version
     drawn = {p.version for p in narrow.points}
-    peaks = [e.version - 1 for e in store.read_types(sid, ["CompactionStarted", "ContextLimitReached"])]
+    peaks = [e.version - 1 for e in views.read_types(sid, ["CompactionStarted", "ContextLimitReached"])]
     assert set(peaks) <= drawn
     assert max(p.used for p in narrow.points) == max(
-        e.data["measurement"]["input_tokens"] for e in store.read_types(sid, ["ContextMeasured"])
+        e.data["measurement"]["input_tokens"] for e in views.read_types(sid, ["ContextMeasured"])
     )
 
 
-def test_read_story_of_a_session_that_ended_at_its_hard_limit(store):
+def test_read_story_of_a_session_that_ended_at_its_hard_limit(store, views):
     build_session(store, "src", 6000)
-    limits = [e.version for e in store.read_types("src", ["ContextLimitReached"])]
+    limits = [e.version for e in views.read_types("src", ["ContextLimitReached"])]
     rejected_before = [
-        e.version for e in store.read_types("src", ["CompactionRejected"]) if limits and e.version < limits[-1]
+        e.version for e in views.read_types("src", ["CompactionRejected"]) if limits and e.version < limits[-1]
     ]
     assert limits and rejected_before
     end = limits[-1]
@@ -89,7 +96,7 @@ def test_read_story_of_a_session_that_ended_at_its_hard_limit(store):
     for i in range(0, len(copy), 500):
         version = store.append("ended", version, copy[i : i + 500]).last_version
     full = build_story("ended", store.read_stream("ended"), table_rows=0)
-    narrow = read_story(store, "ended")
+    narrow = read_story(store, "ended", views=views)
     for name in SHOWN:
         assert getattr(narrow, name) == getattr(full, name), name
     said = account(narrow)
@@ -98,11 +105,11 @@ def test_read_story_of_a_session_that_ended_at_its_hard_limit(store):
     assert "rejected (summarizer_error" in said[1]
 
 
-def test_read_story_of_an_unknown_session_and_a_short_one(store):
-    assert account(read_story(store, "nobody")) == ["Session nobody has no recorded events."]
+def test_read_story_of_an_unknown_session_and_a_short_one(store, views):
+    assert account(read_story(store, "nobody", views=views)) == ["Session nobody has no recorded events."]
     build_session(store, "short", 40)
     full = build_story("short", store.read_stream("short"), table_rows=0)
-    narrow = read_story(store, "short", table_rows=10)
+    narrow = read_story(store, "short", table_rows=10, views=views)
     for name in SHOWN:
         assert getattr(narrow, name) == getattr(full, name), name
     assert narrow.points == full.points  # fewer measurements than the sample: every one is drawn
