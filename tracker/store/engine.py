@@ -103,9 +103,10 @@ def _postgres_engine(url: str) -> Engine:
     dialect = engine.dialect
 
     # Pessimistic disconnect handling, like pool_pre_ping, but only for connections
-    # that sat idle: a hot connection is not pinged, and a failure on it is retried
-    # once by the append path (nothing can have been committed) and invalidates the
-    # pool, so the next call reconnects.
+    # that sat idle: a hot connection is not pinged; a failure on it invalidates the
+    # pool, so the next call reconnects, and the store runs the call once more only
+    # when that is safe (reads; an append that sent nothing or carries an idempotency
+    # key: see tracker.store.postgres).
     @event.listens_for(engine, "checkin")
     def _pg_checkin(_dbapi_conn, record):  # noqa: ANN001
         record.info["ct_idle_since"] = time.monotonic()
