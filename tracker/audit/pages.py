@@ -54,7 +54,7 @@ def environment(*extra: Path) -> jinja2.Environment:
 
 def session_context(story: Story) -> dict[str, Any]:
     """What ``session_body.html.j2`` needs besides ``page``."""
-    ended = story.limit_event is not None and story.version - story.limit_event["version"] <= 1
+    ended = story.ended_at_limit
     return {
         "story": story,
         "account": account(story),
