@@ -22,7 +22,7 @@ import json
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from tracker.core import EVENT_TYPES, PRESSURES, DomainEvent, SessionProjector, SessionState, check_session_id
 from tracker.errors import InvalidInput, UnknownSession
@@ -46,8 +46,7 @@ class Unrecognised:
     problem: str
 
 
-@dataclass(frozen=True)
-class Recorded:
+class Recorded(NamedTuple):
     """One stored event, decoded: the core's typed event (``event``) and where the log keeps it.
 
     Readers match on the event's class and read its attributes::
