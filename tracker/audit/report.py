@@ -16,11 +16,13 @@ from typing import Any
 
 from tracker.audit.pages import render_report
 from tracker.audit.story import MAX_MARKERS, MAX_POINTS, MAX_TABLE_ROWS, build_story, read_story
+from tracker.store import StoredEvent
+from tracker.store.base import SessionViews
 
 __all__ = ["MAX_MARKERS", "MAX_POINTS", "MAX_TABLE_ROWS", "render_html", "render_store_html"]
 
 
-def render_html(session_id: str, stored: Iterable[Any], out: Any, title: str | None = None) -> dict[str, int]:
+def render_html(session_id: str, stored: Iterable[StoredEvent], out: Any, title: str | None = None) -> dict[str, int]:
     """Write the session page of ``stored`` (the session's events, in order) to ``out``.
 
     Returns counts of what was recorded (events, measurements, attempts, committed, rejected,
@@ -32,10 +34,17 @@ def render_html(session_id: str, stored: Iterable[Any], out: Any, title: str | N
 
 
 def render_store_html(
-    store: Any, session_id: str, out: Any, *, shown: str | None = None, title: str | None = None
+    store: Any,
+    session_id: str,
+    out: Any,
+    *,
+    shown: str | None = None,
+    title: str | None = None,
+    views: SessionViews | None = None,
 ) -> dict[str, int]:
     """Write the session page of ``session_id`` at its current version to ``out``, read through the
-    store's narrow reads; ``shown``: the id the page shows. Returns the counts as :func:`render_html`."""
-    story = read_story(store, session_id, shown=shown, table_rows=MAX_TABLE_ROWS)
+    read side's narrow reads (``views``; default: ``store``, which offers them too); ``shown``: the id
+    the page shows. Returns the counts as :func:`render_html`."""
+    story = read_story(store, session_id, shown=shown, table_rows=MAX_TABLE_ROWS, views=views)
     out.write(render_report(story, title))
     return dict(story.counts)

@@ -601,7 +601,7 @@ def account(s: Story) -> list[str]:
     if c["count_failed"]:
         kinds = ", ".join(f"{k} ×{n}" for k, n in sorted(s.failure_kinds.items()))
         tail.append(f"{_n(c['count_failed'])} count {_plural(c['count_failed'], 'failure')} ({kinds})")
-    out.append("Over its life: " + "; ".join(tail) + f" across {c['events']:,} events.")
+    out.append("Over its life: " + "; ".join(tail) + f" across {c['events']:,} {_plural(c['events'], 'event')}.")
     return out
 
 
