@@ -12,6 +12,14 @@ Pages unpack as pairs; ``page.has_more`` says whether more events follow and
 
 ``external`` (on the functions that show session ids) maps a stored session id to the one
 the reader knows: the HTTP API keeps each fleet's sessions under a prefix it hides.
+
+:func:`decode` is the read side's one decoder: a stored row as the core's typed event
+(``tracker.core.events``; the only list of event types is the core's ``EVENT_TYPES``), so
+readers (the session page, the summaries, replay, the console) match on event classes and read
+attributes instead of ``data`` keys::
+
+    match decode(stored).event:
+        case CompactionRejected(reject_reason=why): ...
 """
 
 from __future__ import annotations
