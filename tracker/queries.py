@@ -13,6 +13,14 @@ Pages unpack as pairs; ``page.has_more`` says whether more events follow and
 
 ``external`` (on the functions that show session ids) maps a stored session id to the one
 the reader knows: the HTTP API keeps each fleet's sessions under a prefix it hides.
+
+:func:`decode` is the read side's one decoder: a stored row as the core's typed event
+(``tracker.core.events``; the only list of event types is the core's ``EVENT_TYPES``), so
+readers (the session page, the summaries, replay, the console) match on event classes and read
+attributes instead of ``data`` keys::
+
+    match decode(stored).event:
+        case CompactionRejected(reject_reason=why): ...
 """
 
 from __future__ import annotations
@@ -20,11 +28,12 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
-from tracker.core import PRESSURES, SessionProjector, SessionState, check_session_id
+from tracker.core import EVENT_TYPES, PRESSURES, DomainEvent, SessionProjector, SessionState, check_session_id
 from tracker.core.model import FLEET_ID_LEN
 from tracker.errors import InvalidInput, UnknownSession
 from tracker.store import StoredEvent, verify_projections
@@ -33,6 +42,69 @@ from tracker.store.base import SessionViews
 External = Callable[[str], str]
 
 EXPORT_BATCH = 1000
+
+
+# -- the decoder: stored rows -> the core's typed events ------------------------------------------
+
+
+@dataclass(frozen=True)
+class Unrecognised:
+    """A stored event that is none of the core's events (another writer's type, or data its class
+    cannot be built from): the read side shows it as it is and folds nothing from it."""
+
+    type: str
+    data: dict[str, Any]
+    problem: str
+
+
+class Recorded(NamedTuple):
+    """One stored event, decoded: the core's typed event (``event``) and where the log keeps it.
+
+    Readers match on the event's class and read its attributes::
+
+        match decode(stored).event:
+            case CompactionCommitted(tokens_after=after): ...
+    """
+
+    event: DomainEvent | Unrecognised
+    version: int
+    recorded_at: datetime
+    position: int
+    session_id: str
+    idempotency_key: str | None
+
+    @property
+    def type(self) -> str:
+        """The name the log stores (the class's ``TYPE``)."""
+        e = self.event
+        return e.type if isinstance(e, Unrecognised) else e.TYPE
+
+
+def decode(stored: StoredEvent) -> Recorded:
+    """The one decoder of the read side: a stored row as the core's event class (upcast by
+    ``DomainEvent.from_data``); a row of any other type, or one its class refuses, as ``Unrecognised``."""
+    cls = EVENT_TYPES.get(stored.type)
+    event: DomainEvent | Unrecognised
+    if cls is None:
+        event = Unrecognised(stored.type, stored.data, f"unknown event type {stored.type!r}")
+    else:
+        try:
+            event = cls.from_data(stored.data)
+        except (InvalidInput, TypeError) as exc:
+            event = Unrecognised(stored.type, stored.data, str(exc))
+    return Recorded(
+        event, stored.version, stored.recorded_at, stored.position, stored.session_id, stored.idempotency_key
+    )
+
+
+def decode_all(stored: Iterable[StoredEvent]) -> Iterator[Recorded]:
+    """:func:`decode` over a stream (lazily: constant memory on very long sessions)."""
+    return map(decode, stored)
+
+
+def type_names(*classes: type[DomainEvent]) -> tuple[str, ...]:
+    """The stored type names of event classes (for the store's by-type reads)."""
+    return tuple(cls.TYPE for cls in classes)
 
 
 def event_to_dict(event: StoredEvent, *, external: External | None = None) -> dict[str, Any]:
@@ -337,8 +409,12 @@ def fleet_gauges(views: SessionViews, fleets: dict[str, str], now: float) -> dic
 __all__ = [
     "NO_FLEET",
     "Page",
+    "Recorded",
+    "Unrecognised",
     "SessionsPage",
     "check_pressure",
+    "decode",
+    "decode_all",
     "decode_cursor",
     "encode_cursor",
     "event_to_dict",
@@ -352,5 +428,6 @@ __all__ = [
     "session_exists",
     "session_state",
     "sessions_page",
+    "type_names",
     "verify",
 ]

@@ -7,43 +7,65 @@ API and the CLI both page through) and re-exported here with the other formattin
 from __future__ import annotations
 
 import json
-from typing import Any
 
-from tracker.queries import event_to_dict
+from tracker.core import DomainEvent
+from tracker.core.events import (
+    CompactionCommitted,
+    CompactionRejected,
+    CompactionStarted,
+    ContextLimitReached,
+    ContextMeasured,
+    CountFailed,
+    MeasurementRefused,
+    SessionStarted,
+)
+from tracker.queries import Recorded, Unrecognised, decode, event_to_dict
+from tracker.store import StoredEvent
 
 PRESSURE_STYLE = {"normal": "green", "compact": "yellow", "hard_limit": "bold red"}
 
 
-def event_summary(e: Any) -> str:
+def event_summary(e: StoredEvent | Recorded) -> str:
     """What happened, in one line (the ``what happened`` column of ``tracker history`` and the report)."""
-    d = e.data
-    if e.type == "ContextMeasured":
-        m = d["measurement"]
-        return (
-            f"{m['basis']} {m['input_tokens']}/{m['input_limit']} ({d['occupancy_bp']} bp) "
-            f"{d['pressure_before']}→{d['pressure']} → {d['action']}"
-            + (f" [{d['trigger']}]" if d.get("trigger") else "")
-        )
-    if e.type == "CompactionStarted":
-        budget = d.get("history_budget")
-        trigger = f" ({d['trigger']})" if d.get("trigger") else ""
-        return f"{d['reason']} attempt {d['attempt_id'][:12]} on {d['basis']}{trigger}" + (
-            "" if budget is None else f", budget {budget}"
-        )
-    if e.type == "CompactionCommitted":
-        return f"attempt {d['attempt_id'][:12]} committed {d['tokens_before']}→{d['tokens_after']}, now r{d['new_revision']}"
-    if e.type == "CompactionRejected":
-        return f"attempt {d['attempt_id'][:12]} rejected: {d['reject_reason']}"
-    if e.type == "CountFailed":
-        return f"{d['kind']} for {d['model']}: {d['detail']}"
-    if e.type == "ContextLimitReached":
-        return f"{d['input_tokens']} tokens ≥ limit {d['input_limit']} on {d['basis']}"
-    if e.type == "MeasurementRefused":
-        return f"{d['kind']}: {d['basis']} (session at r{d['current_revision']})"
-    if e.type == "SessionStarted":
-        p = d["policy"]
-        return f"policy compact at {p['compact_at_bp']} bp, rearm below {p['rearm_below_bp']} bp, automatic={p['automatic']}"
-    return json.dumps(d)[:100]
+    return summary((e if isinstance(e, Recorded) else decode(e)).event)
+
+
+def summary(event: DomainEvent | Unrecognised) -> str:
+    """The one-line summary of a decoded event."""
+    match event:
+        case ContextMeasured(measurement=m):
+            return (
+                f"{m['basis']} {m['input_tokens']}/{m['input_limit']} ({event.occupancy_bp} bp) "
+                f"{event.pressure_before}→{event.pressure} → {event.action}"
+                + (f" [{event.trigger}]" if event.trigger else "")
+            )
+        case CompactionStarted():
+            budget = event.history_budget
+            trigger = f" ({event.trigger})" if event.trigger else ""
+            return f"{event.reason} attempt {event.attempt_id[:12]} on {event.basis}{trigger}" + (
+                "" if budget is None else f", budget {budget}"
+            )
+        case CompactionCommitted():
+            return (
+                f"attempt {event.attempt_id[:12]} committed {event.tokens_before}→{event.tokens_after}, "
+                f"now r{event.new_revision}"
+            )
+        case CompactionRejected():
+            return f"attempt {event.attempt_id[:12]} rejected: {event.reject_reason}"
+        case CountFailed():
+            return f"{event.kind} for {event.model}: {event.detail}"
+        case ContextLimitReached():
+            return f"{event.input_tokens} tokens ≥ limit {event.input_limit} on {event.basis}"
+        case MeasurementRefused():
+            return f"{event.kind}: {event.basis} (session at r{event.current_revision})"
+        case SessionStarted(policy=p):
+            return (
+                f"policy compact at {p['compact_at_bp']} bp, rearm below {p['rearm_below_bp']} bp, "
+                f"automatic={p['automatic']}"
+            )
+        case Unrecognised(data=data):
+            return json.dumps(data)[:100]
+    return json.dumps(event.to_data())[:100]
 
 
 def pressure_markup(pressure: str) -> str:
@@ -52,4 +74,4 @@ def pressure_markup(pressure: str) -> str:
     return f"[{style}]{pressure}[/]" if style else pressure
 
 
-__all__ = ["event_summary", "event_to_dict", "pressure_markup"]
+__all__ = ["event_summary", "event_to_dict", "pressure_markup", "summary"]

@@ -39,6 +39,11 @@ def _tokens(value: int | None) -> str:
     return f"{value:,}" if value is not None else "–"
 
 
+def _plural(count: int, one: str, many: str | None = None) -> str:
+    """``1 error``, ``2 errors`` (``many``: the plural when it is not ``one`` + s), with thousands separated."""
+    return f"{count:,} {one if count == 1 else many or one + 's'}"
+
+
 def environment(*extra: Path) -> jinja2.Environment:
     """The Jinja environment: ``extra`` template folders first, then the session page's own."""
     env = jinja2.Environment(
@@ -48,13 +53,13 @@ def environment(*extra: Path) -> jinja2.Environment:
         lstrip_blocks=False,
         undefined=jinja2.StrictUndefined,
     )
-    env.filters.update(hms=_hms, when=_when, ms=_ms, tokens=_tokens)
+    env.filters.update(hms=_hms, when=_when, ms=_ms, tokens=_tokens, plural=_plural)
     return env
 
 
 def session_context(story: Story) -> dict[str, Any]:
     """What ``session_body.html.j2`` needs besides ``page``."""
-    ended = story.limit_event is not None and story.version - story.limit_event["version"] <= 1
+    ended = story.ended_at_limit
     return {
         "story": story,
         "account": account(story),

@@ -16,53 +16,62 @@ from typing import Any
 
 from tracker.audit.whatif import WhatIf
 from tracker.core import Basis, Policy, SessionState, apply, event_from_data
+from tracker.core.events import CompactionCommitted, CompactionRejected, CompactionStarted, ContextMeasured
+from tracker.queries import Unrecognised, decode
+from tracker.store import StoredEvent
+
+#: rejections the core records itself (not an operation a caller made): what-if re-derives them
+DERIVED_REJECTIONS = ("lease_expired", "superseded")
 
 
 @dataclass
 class Step:
-    event: Any  # StoredEvent
+    event: StoredEvent
     state: SessionState
 
 
-def replay_states(stored: Iterable[Any], session_id: str, at: int | None = None) -> Iterator[Step]:
-    """The state after each event, up to version ``at``."""
+def replay_states(stored: Iterable[StoredEvent], session_id: str, at: int | None = None) -> Iterator[Step]:
+    """The state after each event, up to version ``at`` (``InvalidInput`` at an event the core does not know)."""
     state = SessionState(session_id=session_id)
     for e in stored:
         if at is not None and e.version > at:
             break
-        state = apply(state, event_from_data(e.type, e.data))
+        event = decode(e).event
+        if isinstance(event, Unrecognised):
+            event = event_from_data(e.type, e.data)  # raises the core's InvalidInput naming the field
+        state = apply(state, event)
         yield Step(e, state)
 
 
-def whatif_rows(stored: Iterable[Any], policy: Policy, session_id: str) -> Iterator[dict[str, Any]]:
+def whatif_rows(stored: Iterable[StoredEvent], policy: Policy, session_id: str) -> Iterator[dict[str, Any]]:
     """Re-decide the recorded measurements under ``policy``; one row per recorded operation."""
     runner = WhatIf(policy=policy, session_id=session_id, keep_events=False)
     for e in stored:
-        d = e.data
+        event = decode(e).event
         op: dict[str, Any] | None = None
-        if e.type == "ContextMeasured":
-            m = d["measurement"]
-            op = {
-                "op": "measure",
-                "basis": Basis.parse(m["basis"]).through,
-                "input_tokens": m["input_tokens"],
-                "input_limit": m["input_limit"],
-                "quality": m["quality"],
-                "at": d.get("at", 0.0),
-                **(d.get("inputs") or {}),
-            }
-        elif e.type == "CompactionCommitted":
-            op = {"op": "commit", "tokens_after": d["tokens_after"], "at": d.get("at", 0.0), "reason": d["reason"]}
-        elif e.type == "CompactionRejected" and d["reject_reason"] not in ("lease_expired", "superseded"):
-            op = {"op": "reject", "reject_reason": d["reject_reason"], "at": d.get("at", 0.0), "reason": d["reason"]}
-        elif e.type == "CompactionStarted" and d["reason"] == "manual":
-            op = {"op": "manual", "at": d["opened_at"]}
+        match event:
+            case ContextMeasured(measurement=m):
+                op = {
+                    "op": "measure",
+                    "basis": Basis.parse(m["basis"]).through,
+                    "input_tokens": m["input_tokens"],
+                    "input_limit": m["input_limit"],
+                    "quality": m["quality"],
+                    "at": event.at,
+                    **(event.inputs or {}),
+                }
+            case CompactionCommitted():
+                op = {"op": "commit", "tokens_after": event.tokens_after, "at": event.at, "reason": event.reason}
+            case CompactionRejected() if event.reject_reason not in DERIVED_REJECTIONS:
+                op = {"op": "reject", "reject_reason": event.reject_reason, "at": event.at, "reason": event.reason}
+            case CompactionStarted(reason="manual"):
+                op = {"op": "manual", "at": event.opened_at}
         if op is None:
             continue
         runner.line_no += 1
         out = runner.step(op)
         row = {"version": e.version, "op": op["op"], "whatif": out}
-        if e.type == "ContextMeasured":
-            row["recorded_action"] = d["action"]
-            row["changed"] = out.get("action") != d["action"]
+        if isinstance(event, ContextMeasured):
+            row["recorded_action"] = event.action
+            row["changed"] = out.get("action") != event.action
         yield row

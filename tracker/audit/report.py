@@ -16,11 +16,13 @@ from typing import Any
 
 from tracker.audit.pages import render_report
 from tracker.audit.story import MAX_MARKERS, MAX_POINTS, MAX_TABLE_ROWS, build_story, read_story
+from tracker.store import StoredEvent
+from tracker.store.base import SessionViews
 
 __all__ = ["MAX_MARKERS", "MAX_POINTS", "MAX_TABLE_ROWS", "render_html", "render_store_html"]
 
 
-def render_html(session_id: str, stored: Iterable[Any], out: Any, title: str | None = None) -> dict[str, int]:
+def render_html(session_id: str, stored: Iterable[StoredEvent], out: Any, title: str | None = None) -> dict[str, int]:
     """Write the session page of ``stored`` (the session's events, in order) to ``out``.
 
     Returns counts of what was recorded (events, measurements, attempts, committed, rejected,
@@ -36,12 +38,13 @@ def render_store_html(
     session_id: str,
     out: Any,
     *,
+    views: SessionViews,
     shown: str | None = None,
     title: str | None = None,
-    views: Any = None,
 ) -> dict[str, int]:
     """Write the session page of ``session_id`` at its current version to ``out``, read through the
-    store's narrow reads; ``shown``: the id the page shows. Returns the counts as :func:`render_html`."""
+    read side's narrow reads (``views``); ``shown``: the id
+    the page shows. Returns the counts as :func:`render_html`."""
     story = read_story(store, session_id, shown=shown, table_rows=MAX_TABLE_ROWS, views=views)
     out.write(render_report(story, title))
     return dict(story.counts)

@@ -8,12 +8,14 @@ events, a replay up to an earlier version, a store without projections). Both ke
 memory however long the session is: the chart keeps at most ``MAX_POINTS`` measurements (peaks and troughs of merged
 buckets), ``MAX_DROPS`` compaction drops and ``MAX_MARKERS`` markers; the attempts table the
 newest ``MAX_ATTEMPT_ROWS`` attempts, the count-failure table the newest ``MAX_FAILURE_ROWS``; the
-event table (static report only) the first ``MAX_TABLE_ROWS`` events. Nothing is folded through
-the core: every figure is read off the recorded events (and, for the loop breaker's episode, the
-session's projection).
+event table (static report only) the first ``MAX_TABLE_ROWS`` events. Events are read as the
+core's typed classes (:func:`tracker.queries.decode`) and every figure is read off them (and, for
+the loop breaker's episode, the session's projection).
 
 :func:`account` turns the story into the plain-language paragraph at the top of the page: how
-the session ended and why.
+the session ended and why. Why nothing was eligible when it met its hard limit is not restated
+here: the core's own rule (:func:`tracker.core.decide.eligibility`) is asked, on the core's state
+of the session at that point (its projection, or the fold of its log through the core's ``apply``).
 """
 
 from __future__ import annotations
@@ -25,7 +27,22 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from tracker.audit.format import event_summary
+from tracker.audit.format import summary
+from tracker.core import Policy, SessionState, apply, fold
+from tracker.core.decide import Eligibility, eligibility
+from tracker.core.events import (
+    CompactionCommitted,
+    CompactionRejected,
+    CompactionStarted,
+    ContextLimitReached,
+    ContextMeasured,
+    CountFailed,
+    DomainEvent,
+    SessionStarted,
+)
+from tracker.queries import Recorded, Unrecognised, decode, decode_all, type_names
+from tracker.store import StoredEvent
+from tracker.store.base import SessionViews
 
 MAX_TABLE_ROWS = 5000
 MAX_POINTS = 2000
@@ -82,6 +99,30 @@ class Marker:
     y2: int | None = None  # committed: tokens after the drop
     count: int = 1
     last_version: int = 0
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One ``CountFailed``, as the count-failure table shows it."""
+
+    version: int
+    at: datetime
+    kind: str
+    model: str
+    basis: str | None
+    duration_ms: int
+    detail: str
+
+
+@dataclass(frozen=True)
+class Limit:
+    """The last ``ContextLimitReached``: where and what did not fit."""
+
+    version: int
+    at: datetime
+    basis: str
+    input_tokens: int
+    input_limit: int
 
 
 @dataclass
@@ -186,7 +227,7 @@ class Story:
     drops: list[Marker] = field(default_factory=list)
     markers: list[Marker] = field(default_factory=list)
     attempts: list[Attempt] = field(default_factory=list)  # the newest MAX_ATTEMPT_ROWS, in order
-    failures: list[dict[str, Any]] = field(default_factory=list)  # the newest MAX_FAILURE_ROWS count failures
+    failures: list[Failure] = field(default_factory=list)  # the newest MAX_FAILURE_ROWS count failures
     failure_kinds: dict[str, int] = field(default_factory=dict)
     reject_reasons: dict[str, int] = field(default_factory=dict)
     rows: list[tuple[int, str, str, str]] = field(default_factory=list)  # (version, recorded at, type, summary)
@@ -199,7 +240,9 @@ class Story:
     last_tokens: int | None = None
     last_limit: int | None = None
     policy: dict[str, Any] = field(default_factory=dict)
-    limit_event: dict[str, Any] | None = None  # the last ContextLimitReached: version, at, data
+    limit_event: Limit | None = None  # the last ContextLimitReached
+    # the core's state of the session right after it (what the decision saw), while the session ended there
+    limit_state: SessionState | None = None
     episode: list[Attempt] = field(default_factory=list)  # automatic attempts since the last commit
     last_commit: Attempt | None = None
     sampled: bool = False  # the chart's points are a sample of the measurements (read_story)
@@ -208,20 +251,28 @@ class Story:
     def open_attempts(self) -> list[Attempt]:
         return [a for a in self.attempts if a.outcome == "open"]
 
+    @property
+    def ended_at_limit(self) -> bool:
+        """Whether the session's last call (or the one before the last event) met its hard limit."""
+        return self.limit_event is not None and self.version - self.limit_event.version <= 1
 
-def build_story(session_id: str, stored: Iterable[Any], *, table_rows: int = MAX_TABLE_ROWS) -> Story:
+
+def build_story(session_id: str, stored: Iterable[StoredEvent], *, table_rows: int = MAX_TABLE_ROWS) -> Story:
     """Read ``stored`` (the session's events, in version order) once; see the module docstring."""
-    b = _Builder(session_id, table_rows)
-    for e in stored:
-        b.add(e)
+    b = _Builder(session_id, table_rows, fold=True)
+    for r in decode_all(stored):
+        b.add(r)
     return b.finish()
 
 
 class _Builder:
     """The story of events fed in version order (all of them: :func:`build_story`; the lifecycle
-    events and a sample of the measurements: :func:`read_story`)."""
+    events and a sample of the measurements: :func:`read_story`).
 
-    def __init__(self, session_id: str, table_rows: int) -> None:
+    ``fold``: also fold the events through the core's ``apply`` (while they run from version 1
+    without a gap), for the state at the hard limit; :func:`read_story` has the projection instead."""
+
+    def __init__(self, session_id: str, table_rows: int, *, fold: bool = False) -> None:
         self.s = Story(session_id=session_id)
         self.table_rows = table_rows
         self.series = _Series()
@@ -229,132 +280,143 @@ class _Builder:
         self.drops = _Markers(MAX_DROPS)
         self.open_: dict[str, Attempt] = {}
         self.done: deque[Attempt] = deque(maxlen=MAX_ATTEMPT_ROWS)
-        self.failures: deque[dict[str, Any]] = deque(maxlen=MAX_FAILURE_ROWS)
+        self.failures: deque[Failure] = deque(maxlen=MAX_FAILURE_ROWS)
+        self.state: SessionState | None = SessionState(session_id=session_id) if fold else None
 
-    def measured(self, e: Any) -> None:
+    def measured(self, r: Recorded) -> None:
         """A ``ContextMeasured``: a point of the chart, and where the session stands."""
-        s, d = self.s, e.data
-        m = d["measurement"]
+        e = r.event
+        if not isinstance(e, ContextMeasured):
+            return
+        s, m = self.s, e.measurement
         self.series.add(
             Point(
-                e.recorded_at.timestamp(),
+                r.recorded_at.timestamp(),
                 m["input_tokens"],
                 m["input_limit"],
-                d["compact_level"],
-                d["rearm_level"],
-                d["hard_level"],
-                e.version,
+                e.compact_level,
+                e.rearm_level,
+                e.hard_level,
+                r.version,
             )
         )
-        s.pressure, s.occupancy_bp = d["pressure"], d["occupancy_bp"]
+        s.pressure, s.occupancy_bp = e.pressure, e.occupancy_bp
         s.last_tokens, s.last_limit = m["input_tokens"], m["input_limit"]
-        if d["pressure"] == "normal":  # the loop breaker's episode ends when pressure is back to normal
+        if e.pressure == "normal":  # the loop breaker's episode ends when pressure is back to normal
             s.episode = []
 
-    def add(self, e: Any) -> None:
+    def _fold(self, r: Recorded) -> None:
+        st = self.state
+        if st is None:
+            return
+        if isinstance(r.event, Unrecognised) or r.version != st.version + 1:
+            self.state = None  # not a stream the core can fold (a window, or another writer's event)
+        else:
+            self.state = apply(st, r.event)
+
+    def add(self, r: Recorded) -> None:
         s = self.s
         counts = s.counts
         counts["events"] += 1
-        d = e.data
-        v = e.version
-        at = e.recorded_at
+        v = r.version
+        at = r.recorded_at
         t = at.timestamp()
         if s.first_at is None:
             s.first_at = at
         s.last_at = at
         s.version = v
-        kind = e.type
-        if kind == "ContextMeasured":
-            counts["measurements"] += 1
-            self.measured(e)
-        elif kind == "CompactionStarted":
-            counts["attempts"] += 1
-            a = Attempt(
-                attempt_id=d["attempt_id"],
-                reason=d["reason"],
-                trigger=d["trigger"],
-                basis=d["basis"],
-                fencing_token=d["fencing_token"],
-                opened_v=v,
-                opened_at=at,
-                tokens_before=d.get("tokens_before"),
-            )
-            self.open_[a.attempt_id] = a
-            if a.reason == "automatic":
-                s.episode.append(a)
-                if len(s.episode) > 50:
-                    del s.episode[0]
-        elif kind in ("CompactionCommitted", "CompactionRejected"):
-            found = self.open_.pop(d["attempt_id"], None)
-            a = found or Attempt(
-                attempt_id=d["attempt_id"],
-                reason=d["reason"],
-                trigger="?",
-                basis=d["basis"],
-                fencing_token=0,
-                opened_v=v,
-                opened_at=at,
-                tokens_before=d.get("tokens_before"),
-            )
-            a.ended_v, a.ended_at, a.duration_ms = v, at, d.get("duration_ms")
-            if kind == "CompactionCommitted":
-                counts["committed"] += 1
-                a.outcome, a.tokens_after = "committed", d["tokens_after"]
-                if d.get("tokens_before") is not None:
-                    a.tokens_before = d["tokens_before"]
-                s.revision = d["new_revision"]
-                s.last_commit = a
-                s.episode = []
-                self.drops.add(
+        self._fold(r)
+        event = r.event
+        match event:
+            case ContextMeasured():
+                counts["measurements"] += 1
+                self.measured(r)
+            case CompactionStarted():
+                counts["attempts"] += 1
+                a = Attempt(
+                    attempt_id=event.attempt_id,
+                    reason=event.reason,
+                    trigger=event.trigger,
+                    basis=event.basis,
+                    fencing_token=event.fencing_token,
+                    opened_v=v,
+                    opened_at=at,
+                    tokens_before=event.tokens_before,
+                )
+                self.open_[a.attempt_id] = a
+                if a.reason == "automatic":
+                    s.episode.append(a)
+                    if len(s.episode) > 50:
+                        del s.episode[0]
+            case CompactionCommitted() | CompactionRejected():
+                self._ended(event, v, at, t)
+            case CountFailed():
+                counts["count_failed"] += 1
+                s.failure_kinds[event.kind] = s.failure_kinds.get(event.kind, 0) + 1
+                self.failures.append(
+                    Failure(v, at, event.kind, event.model, event.basis, event.duration_ms, event.detail)
+                )
+                self.markers.add(Marker(t, "count_failed", f"{event.kind}: {event.detail}", v))
+            case ContextLimitReached():
+                counts["context_limit"] += 1
+                s.limit_event = Limit(v, at, event.basis, event.input_tokens, event.input_limit)
+                s.limit_state = self.state
+                s.pressure = "hard_limit"
+                self.markers.add(
                     Marker(
                         t,
-                        "committed",
-                        f"{a.reason} compaction committed: {a.tokens_before} → {a.tokens_after} tokens, now r{s.revision}",
+                        "context_limit",
+                        f"ContextLimitError: {event.input_tokens} ≥ {event.input_limit}",
                         v,
-                        y=a.tokens_before,
-                        y2=a.tokens_after,
+                        y=min(event.input_tokens, event.input_limit),
                     )
                 )
-            else:
-                counts["rejected"] += 1
-                a.outcome, a.reject_reason = "rejected", d["reject_reason"]
-                s.reject_reasons[a.reject_reason] = s.reject_reasons.get(a.reject_reason, 0) + 1
-                self.markers.add(
-                    Marker(t, "rejected", f"{a.reason} attempt rejected: {a.reject_reason}", v, y=a.tokens_before)
-                )
-            self.done.append(a)
-        elif kind == "CountFailed":
-            counts["count_failed"] += 1
-            s.failure_kinds[d["kind"]] = s.failure_kinds.get(d["kind"], 0) + 1
-            self.failures.append(
-                {
-                    "version": v,
-                    "at": at,
-                    "kind": d["kind"],
-                    "model": d["model"],
-                    "basis": d.get("basis"),
-                    "duration_ms": d["duration_ms"],
-                    "detail": d["detail"],
-                }
-            )
-            self.markers.add(Marker(t, "count_failed", f"{d['kind']}: {d['detail']}", v))
-        elif kind == "ContextLimitReached":
-            counts["context_limit"] += 1
-            s.limit_event = {"version": v, "at": at, **d}
-            s.pressure = "hard_limit"
-            self.markers.add(
+            case SessionStarted():
+                s.policy = dict(event.policy or {})
+        if len(s.rows) < self.table_rows:
+            s.rows.append((v, at.isoformat()[:23], r.type, summary(event)))
+
+    def _ended(self, e: CompactionCommitted | CompactionRejected, v: int, at: datetime, t: float) -> None:
+        """A commit or a rejection: the attempt's end (an attempt opened before the events read starts here)."""
+        s, counts = self.s, self.s.counts
+        found = self.open_.pop(e.attempt_id, None)
+        a = found or Attempt(
+            attempt_id=e.attempt_id,
+            reason=e.reason,
+            trigger="?",
+            basis=e.basis,
+            fencing_token=0,
+            opened_v=v,
+            opened_at=at,
+            tokens_before=e.tokens_before if isinstance(e, CompactionCommitted) else None,
+        )
+        a.ended_v, a.ended_at, a.duration_ms = v, at, e.duration_ms
+        if isinstance(e, CompactionCommitted):
+            counts["committed"] += 1
+            a.outcome, a.tokens_after = "committed", e.tokens_after
+            if e.tokens_before is not None:
+                a.tokens_before = e.tokens_before
+            s.revision = e.new_revision
+            s.last_commit = a
+            s.episode = []
+            self.drops.add(
                 Marker(
                     t,
-                    "context_limit",
-                    f"ContextLimitError: {d['input_tokens']} ≥ {d['input_limit']}",
+                    "committed",
+                    f"{a.reason} compaction committed: {a.tokens_before} → {a.tokens_after} tokens, now r{s.revision}",
                     v,
-                    y=min(d["input_tokens"], d["input_limit"]),
+                    y=a.tokens_before,
+                    y2=a.tokens_after,
                 )
             )
-        elif kind == "SessionStarted":
-            s.policy = dict(d.get("policy") or {})
-        if len(s.rows) < self.table_rows:
-            s.rows.append((v, at.isoformat()[:23], kind, event_summary(e)))
+        else:
+            counts["rejected"] += 1
+            a.outcome, a.reject_reason = "rejected", e.reject_reason
+            s.reject_reasons[e.reject_reason] = s.reject_reasons.get(e.reject_reason, 0) + 1
+            self.markers.add(
+                Marker(t, "rejected", f"{a.reason} attempt rejected: {e.reject_reason}", v, y=a.tokens_before)
+            )
+        self.done.append(a)
 
     def finish(self) -> Story:
         s = self.s
@@ -370,24 +432,33 @@ class _Builder:
             )
         s.attempts = sorted([*self.done, *still_open], key=lambda a: a.opened_v)[-MAX_ATTEMPT_ROWS:]
         s.failures = list(self.failures)
+        if not s.ended_at_limit:
+            s.limit_state = None  # kept only for the account of a session that ended at its limit
         return s
 
 
 #: the events :func:`read_story` reads in full (few, however long the session): everything but measurements
-LIFECYCLE = (
-    "SessionStarted",
-    "CompactionStarted",
-    "CompactionCommitted",
-    "CompactionRejected",
-    "CountFailed",
-    "ContextLimitReached",
+LIFECYCLE_EVENTS: tuple[type[DomainEvent], ...] = (
+    SessionStarted,
+    CompactionStarted,
+    CompactionCommitted,
+    CompactionRejected,
+    CountFailed,
+    ContextLimitReached,
 )
+LIFECYCLE = type_names(*LIFECYCLE_EVENTS)
+MEASURED = ContextMeasured.TYPE
 SAMPLE_POINTS = 1500  # measurements picked evenly for the chart ...
 PEAK_POINTS = 1000  # ... plus at most this many of those that opened an attempt or met the limit
 
 
 def read_story(
-    store: Any, session_id: str, *, shown: str | None = None, table_rows: int = 0, views: Any = None
+    store: Any,
+    session_id: str,
+    *,
+    views: SessionViews,
+    shown: str | None = None,
+    table_rows: int = 0,
 ) -> Story:
     """The story of ``session_id`` at its current version without reading every event: the counts
     by type (one grouped read of an index), the lifecycle events (:data:`LIFECYCLE`: attempts, count
@@ -396,41 +467,44 @@ def read_story(
     breaker's episode from the projection. What it shows is what :func:`build_story` shows, except
     that the chart is drawn through sampled measurements instead of every one. ``shown``: the
     session id the page shows (default ``session_id``); ``table_rows``: the first events as a table.
+
+    ``store`` is the event store (the projection, the log); ``views`` the read side's narrow reads
+    (:class:`tracker.store.base.SessionViews`).
     """
-    views = store if views is None else views  # the narrow reads: SessionViews (tracker.store.views)
+    narrow = views
     state, version = store.load(session_id)
     if version == 0:
         return Story(session_id=shown or session_id)
     if not isinstance(state, dict) or state.get("version") != version:  # no projection: read the log
         return build_story(shown or session_id, store.read_stream(session_id, 1, version), table_rows=table_rows)
-    by_type = views.count_by_type(session_id, version)
+    by_type = narrow.count_by_type(session_id, version)
     b = _Builder(shown or session_id, table_rows=0)
     peaks: list[int] = []
-    for e in views.read_types(session_id, LIFECYCLE, 1, version):
-        b.add(e)
-        if e.type in ("CompactionStarted", "ContextLimitReached"):
-            peaks.append(e.version - 1)  # the measurement that opened it / met the limit
+    for r in decode_all(narrow.read_types(session_id, LIFECYCLE, 1, version)):
+        b.add(r)
+        if isinstance(r.event, (CompactionStarted, ContextLimitReached)):
+            peaks.append(r.version - 1)  # the measurement that opened it / met the limit
     s = b.s
     if len(peaks) > PEAK_POINTS:
         step = len(peaks) / PEAK_POINTS
         peaks = sorted({peaks[int(i * step)] for i in range(PEAK_POINTS)} | {peaks[-1]})
-    last_limit = s.limit_event["version"] if s.limit_event else 0
+    last_limit = s.limit_event.version if s.limit_event else 0
     pressure = s.pressure
     episode = list(s.episode)
-    if by_type.get("ContextMeasured"):
-        total = by_type["ContextMeasured"]
-        sample = views.sample_of_type(session_id, "ContextMeasured", SAMPLE_POINTS, version, total=total)
-        at_peaks = views.read_versions(session_id, peaks, ["ContextMeasured"])
+    if by_type.get(MEASURED):
+        total = by_type[MEASURED]
+        sample = narrow.sample_of_type(session_id, MEASURED, SAMPLE_POINTS, version, total=total)
+        at_peaks = narrow.read_versions(session_id, peaks, [MEASURED])
         seen: set[int] = set()
         for e in heapq.merge(sample, at_peaks, key=lambda x: x.version):
             if e.version not in seen:
                 seen.add(e.version)
-                b.measured(e)
-        last = sample[-1]  # the sample always holds the newest measurement
+                b.measured(decode(e))
+        last = decode(sample[-1])  # the sample always holds the newest measurement
         if last.version < last_limit:
             pressure = "hard_limit"
-        else:
-            pressure = last.data["pressure"]
+        elif isinstance(last.event, ContextMeasured):
+            pressure = last.event.pressure
     # the episode: the automatic attempts since the last commit (the builder's) that are also
     # among the ``episode_automatic`` since pressure was last back to normal (the projection's)
     since_normal = int(state.get("episode_automatic") or 0)
@@ -440,21 +514,36 @@ def read_story(
     story.sampled = True
     story.counts = dict.fromkeys(COUNT_KEYS, 0) | {
         "events": sum(by_type.values()),
-        "measurements": by_type.get("ContextMeasured", 0),
-        "attempts": by_type.get("CompactionStarted", 0),
-        "committed": by_type.get("CompactionCommitted", 0),
-        "rejected": by_type.get("CompactionRejected", 0),
-        "count_failed": by_type.get("CountFailed", 0),
-        "context_limit": by_type.get("ContextLimitReached", 0),
+        "measurements": by_type.get(MEASURED, 0),
+        "attempts": by_type.get(CompactionStarted.TYPE, 0),
+        "committed": by_type.get(CompactionCommitted.TYPE, 0),
+        "rejected": by_type.get(CompactionRejected.TYPE, 0),
+        "count_failed": by_type.get(CountFailed.TYPE, 0),
+        "context_limit": by_type.get(ContextLimitReached.TYPE, 0),
     }
-    ends = views.read_versions(session_id, [1, version])
+    ends = narrow.read_versions(session_id, [1, version])
     story.first_at, story.last_at, story.version = ends[0].recorded_at, ends[-1].recorded_at, version
+    if story.limit_event is not None and story.ended_at_limit:
+        story.limit_state = _state_at(store, session_id, state, story.limit_event.version)
     if table_rows:
         story.rows = [
-            (e.version, e.recorded_at.isoformat()[:23], e.type, event_summary(e))
-            for e in store.read_stream(session_id, 1, min(version, table_rows))
+            (r.version, r.recorded_at.isoformat()[:23], r.type, summary(r.event))
+            for r in decode_all(store.read_stream(session_id, 1, min(version, table_rows)))
         ]
     return story
+
+
+def _state_at(store: Any, session_id: str, projection: dict[str, Any], version: int) -> SessionState | None:
+    """The core's state of the session at ``version``: its projection when that is the current version,
+    else the fold of its log up to there through the core (rare: one event after a limit)."""
+    if projection.get("version") == version:
+        return SessionState.from_data(projection)
+    events = []
+    for r in decode_all(store.read_stream(session_id, 1, version)):
+        if isinstance(r.event, Unrecognised):
+            return None
+        events.append(r.event)
+    return fold(events, session_id)
 
 
 # -- the account ----------------------------------------------------------------------------------
@@ -468,6 +557,10 @@ def _reasons(reasons: Iterable[str | None]) -> str:
     return ", ".join(f"{r}" if n == 1 or len(seen) == 1 else f"{r} ×{n}" for r, n in seen.items())
 
 
+def _plural(n: int, one: str, many: str | None = None) -> str:
+    return one if n == 1 else (many or one + "s")
+
+
 def account(s: Story) -> list[str]:
     """How the session ended and why, in plain sentences (the first one is the headline)."""
     c = s.counts
@@ -475,10 +568,10 @@ def account(s: Story) -> list[str]:
         return [f"Session {s.session_id} has no recorded events."]
     out: list[str] = []
     limit = s.limit_event
-    if limit is not None and s.version - limit["version"] <= 1:
+    if limit is not None and s.ended_at_limit:
         head = (
-            f"Session {s.session_id} reached its hard limit at v{limit['version']}: a request of "
-            f"{limit['input_tokens']:,} tokens did not fit its {limit['input_limit']:,}-token input limit, "
+            f"Session {s.session_id} reached its hard limit at v{limit.version}: a request of "
+            f"{limit.input_tokens:,} tokens did not fit its {limit.input_limit:,}-token input limit, "
             f"so the caller got ContextLimitError instead of a request the provider would reject."
         )
         out.append(head)
@@ -495,49 +588,67 @@ def account(s: Story) -> list[str]:
         out.append(head)
         if limit is not None:
             out.append(
-                f"It hit its hard limit {_n(c['context_limit'])} time{'s' if c['context_limit'] != 1 else ''}, "
-                f"the last at v{limit['version']} ({limit['input_tokens']:,} ≥ {limit['input_limit']:,} tokens), "
+                f"It hit its hard limit {_n(c['context_limit'])} {_plural(c['context_limit'], 'time')}, "
+                f"the last at v{limit.version} ({limit.input_tokens:,} ≥ {limit.input_limit:,} tokens), "
                 "and went on after that."
             )
     tail = [
-        f"{_n(c['attempts'])} compaction attempt{'s' if c['attempts'] != 1 else ''}: "
+        f"{_n(c['attempts'])} compaction {_plural(c['attempts'], 'attempt')}: "
         f"{c['committed']} committed, {c['rejected']} rejected"
     ]
     if s.reject_reasons:
         tail[0] += f" ({_reasons(r for r, n in s.reject_reasons.items() for _ in range(n))})"
     if c["count_failed"]:
         kinds = ", ".join(f"{k} ×{n}" for k, n in sorted(s.failure_kinds.items()))
-        tail.append(f"{_n(c['count_failed'])} count failure{'s' if c['count_failed'] != 1 else ''} ({kinds})")
-    out.append("Over its life: " + "; ".join(tail) + f" across {c['events']:,} events.")
+        tail.append(f"{_n(c['count_failed'])} count {_plural(c['count_failed'], 'failure')} ({kinds})")
+    out.append("Over its life: " + "; ".join(tail) + f" across {c['events']:,} {_plural(c['events'], 'event')}.")
     return out
 
 
-def _why_nothing_eligible(s: Story, limit: dict[str, Any]) -> str:
-    basis = str(limit.get("basis", ""))
+def why_at_limit(s: Story) -> Eligibility | None:
+    """The core's answer (:func:`tracker.core.decide.eligibility`) to whether an automatic attempt was
+    eligible when the session met its hard limit, on the state the decision saw; None without that state."""
+    limit, state = s.limit_event, s.limit_state
+    if limit is None or state is None:
+        return None
+    # a ContextLimitReached is recorded only at hard_limit pressure (which needs no growth to be due)
+    return eligibility(state, state.policy or Policy(), basis=limit.basis, pressure="hard_limit", grew=False)
+
+
+def ineligible_because(why: Eligibility | None, basis: str, policy: Policy | None) -> str:
+    """The clause of the account that says which of the core's conditions failed (``why.reason``)."""
+    match None if why is None else why.reason:
+        case "observe_only":
+            return "the session's policy is observe-only, so no automatic attempt could open"
+        case "not_under_pressure":
+            return "pressure was not compact or hard_limit and the growth trigger did not fire, so no attempt was due"
+        case "basis_exhausted":
+            return f"the basis {basis} had already had its attempt and nothing else was eligible"
+        case "attempt_open":
+            return "an automatic attempt was still open, so no other could start"
+        case "episode_cap":
+            cap = policy.max_automatic_per_episode if policy is not None else "?"
+            return (
+                f"the loop breaker allowed no more ({cap} automatic attempts per episode), "
+                f"so basis {basis} was not eligible and nothing else was"
+            )
+    return f"no attempt was eligible on {basis}"
+
+
+def _why_nothing_eligible(s: Story, limit: Limit) -> str:
+    basis = limit.basis
     rev = _revision_of(basis)
     rejected = [a for a in s.episode if a.outcome == "rejected" and (rev is None or a.revision == rev)]
-    max_auto = s.policy.get("max_automatic_per_episode")
     parts: list[str] = []
     if rejected:
         reasons = _reasons(a.reject_reason for a in rejected)
         versions = ", ".join(f"v{a.opened_v}" for a in rejected[-6:])
         parts.append(
-            f"{_n(len(rejected)).capitalize()} automatic attempt{'s' if len(rejected) != 1 else ''} on r{rev} "
-            f"{'were' if len(rejected) != 1 else 'was'} rejected ({reasons}; opened at {versions})"
+            f"{_n(len(rejected)).capitalize()} automatic {_plural(len(rejected), 'attempt')} on r{rev} "
+            f"{_plural(len(rejected), 'was', 'were')} rejected ({reasons}; opened at {versions})"
         )
-    if s.policy.get("automatic") is False:
-        parts.append("the session's policy is observe-only, so no automatic attempt could open")
-    elif any(a.basis == basis for a in s.episode):
-        parts.append(f"the basis {basis} had already had its attempt and nothing else was eligible")
-    elif isinstance(max_auto, int) and len(s.episode) >= max_auto:
-        parts.append(
-            f"the loop breaker allowed no more ({max_auto} automatic attempts per episode), "
-            f"so basis {basis} was not eligible and nothing else was"
-        )
-    elif s.open_attempts:
-        parts.append("an attempt was still open, so no other could start")
-    else:
-        parts.append(f"no attempt was eligible on {basis}")
+    policy = s.limit_state.policy if s.limit_state is not None else None
+    parts.append(ineligible_because(why_at_limit(s), basis, policy))
     if s.last_commit is not None:
         lc = s.last_commit
         before = f"{lc.tokens_before:,}" if lc.tokens_before is not None else "?"

@@ -10,7 +10,7 @@ refusal is on the record before the caller hears about it).
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from tracker.core.events import (
     CompactionCommitted,
@@ -230,6 +230,51 @@ def _pressure(policy: Policy, before: Pressure, used: int, lv: Levels) -> Pressu
     return "normal"
 
 
+#: Why an automatic attempt is not eligible, in the order :func:`eligibility` checks the conditions.
+Ineligible = Literal["observe_only", "not_under_pressure", "basis_exhausted", "attempt_open", "episode_cap"]
+INELIGIBLE: tuple[Ineligible, ...] = (
+    "observe_only",
+    "not_under_pressure",
+    "basis_exhausted",
+    "attempt_open",
+    "episode_cap",
+)
+
+
+@dataclass(frozen=True)
+class Eligibility:
+    """Whether a measurement may open an automatic attempt; if not, the first condition that failed."""
+
+    eligible: bool
+    reason: Ineligible | None = None  # None exactly when eligible
+
+
+ELIGIBLE = Eligibility(True)
+_NOT = {r: Eligibility(False, r) for r in INELIGIBLE}
+
+
+def eligibility(state: SessionState, policy: Policy, *, basis: str, pressure: Pressure, grew: bool) -> Eligibility:
+    """behaviour.md "Decisions": an automatic attempt is eligible when the session is automatic; the
+    pressure is ``compact`` or ``hard_limit``, or the growth trigger fired; ``basis`` is not exhausted;
+    no automatic attempt is open; and fewer than ``max_automatic_per_episode`` opened in this episode.
+
+    ``state`` is the session as the decision sees it (started, overdue leases expired); ``pressure``
+    and ``grew`` are the measurement's. :func:`decide_measure` decides with this function, and the
+    session page says why nothing was eligible with it, so the two cannot disagree.
+    """
+    if not policy.automatic:
+        return _NOT["observe_only"]
+    if not (grew or pressure == "compact" or pressure == "hard_limit"):
+        return _NOT["not_under_pressure"]
+    if basis in state.exhausted:
+        return _NOT["basis_exhausted"]
+    if state.open_automatic is not None:
+        return _NOT["attempt_open"]
+    if episode_after(pressure, state.episode_automatic) >= policy.max_automatic_per_episode:
+        return _NOT["episode_cap"]
+    return ELIGIBLE
+
+
 def decide_measure(
     state: SessionState,
     default_policy: Policy,
@@ -284,18 +329,10 @@ def decide_measure(
     prev = (s.last.input_tokens, s.last.input_limit) if s.last and s.last.revision == basis.revision else None
     grew = growth_fired(policy.turn_delta, used, L, prev)
 
-    episode = episode_after(pressure, s.episode_automatic)
     open_auto = s.open_automatic
-    eligible = (
-        policy.automatic
-        and (pressure in ("compact", "hard_limit") or grew)
-        and basis_s not in s.exhausted
-        and open_auto is None
-        and episode < policy.max_automatic_per_episode
-    )
     trigger: Trigger | None = None
     action: Action
-    if eligible:
+    if eligibility(s, policy, basis=basis_s, pressure=pressure, grew=grew).eligible:
         action = "compact"
         trigger = "hard_limit" if pressure == "hard_limit" else "threshold" if pressure == "compact" else "growth"
     elif pressure == "hard_limit" and open_auto is not None:
