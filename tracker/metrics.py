@@ -62,26 +62,35 @@ class DecisionMetrics(TrackerHooks):
         self.leases_expired = Counter(
             "tracker_leases_expired_total", "Compaction attempts rejected as lease_expired", registry=r
         )
+        self._children: dict[tuple[int, str], Any] = {}
 
     def after_record(self, op: str, session_id: str, outcome: Outcome) -> None:
         for e in outcome.events:
             if isinstance(e, ContextMeasured):
-                self.decisions.labels(e.action).inc()
+                self._child(self.decisions, e.action).inc()
                 self.occupancy.observe(e.occupancy_bp)
             elif isinstance(e, CompactionStarted):
-                self.attempts_started.labels(e.reason).inc()
+                self._child(self.attempts_started, e.reason).inc()
             elif isinstance(e, CountFailed):
-                self.count_failures.labels(e.kind).inc()
+                self._child(self.count_failures, e.kind).inc()
             elif isinstance(e, CompactionRejected) and e.reject_reason == "lease_expired":
                 self.leases_expired.inc()
         # the call's own outcome (not the superseded or expired attempts it closed on the way)
         if op == "commit":
             if outcome.error is None:
-                self.attempt_outcomes.labels("committed").inc()
+                self._child(self.attempt_outcomes, "committed").inc()
             elif isinstance(outcome.error, SummaryTooLarge):
-                self.attempt_outcomes.labels("summary_too_large").inc()
+                self._child(self.attempt_outcomes, "summary_too_large").inc()
         elif op == "reject" and outcome.error is None:
-            self.attempt_outcomes.labels("rejected").inc()
+            self._child(self.attempt_outcomes, "rejected").inc()
+
+    def _child(self, metric: Any, label: str) -> Any:
+        """``metric.labels(label)``, kept: the label values are closed sets, and ``labels`` takes a lock."""
+        key = (id(metric), label)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children.setdefault(key, metric.labels(label))
+        return child
 
 
 _BY_REGISTRY: weakref.WeakKeyDictionary[Any, DecisionMetrics] = weakref.WeakKeyDictionary()
