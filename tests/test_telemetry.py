@@ -567,3 +567,37 @@ def test_an_http_decision_is_counted_once_on_the_apps_metrics(tmp_path):
         assert re.search(r'^tracker_decisions_total\{action="compact"\} 1\.0$', page, re.M), page
         assert re.search(r'^tracker_attempts_started_total\{reason="automatic"\} 1\.0$', page, re.M), page
         assert re.search(r'^tracker_http_requests_total\{.*route="/v1/sessions/\{session_id\}/observe"', page, re.M)
+
+
+def test_a_library_tracker_with_the_telemetry_hook_makes_the_command_spans(tmp_path):
+    from tracker.errors import NotAttemptHolder
+    from tracker.service import Tracker
+    from tracker.store import open_store
+    from tracker.telemetry import TelemetryHooks
+
+    exporter = in_memory_exporter()
+    try:
+        with Tracker.from_settings(
+            Settings.of(database_url=f"sqlite:///{tmp_path / 't.db'}"), hooks=[TelemetryHooks()]
+        ) as t:
+            sid = f"lib-{uuid.uuid4().hex[:8]}"
+            measurement = {"basis": "m1", "input_tokens": 90_000, "input_limit": 100_000}
+            attempt = t.observe(sid, measurement=measurement).attempt
+            with pytest.raises(NotAttemptHolder):
+                t.commit(sid, attempt.attempt_id, attempt.fencing_token + 1, 10)
+        with Tracker(open_store(f"sqlite:///{tmp_path / 't.db'}")) as untraced:  # no hooks: no spans
+            untraced.observe(f"{sid}-x", measurement=measurement)  # (the one observe span is the first's)
+        spans = [as_dict(s) for s in exporter.get_finished_spans()]
+    finally:
+        exporter.shutdown()
+    (observe,) = [s for s in spans if s["name"] == "tracker.observe"]
+    by_name = {s["name"]: s for s in spans if s["trace_id"] == observe["trace_id"]}
+    assert observe["attributes"]["tracker.session_id"] == sid
+    assert observe["attributes"]["tracker.action"] == "compact"
+    assert observe["attributes"]["tracker.attempt_id"] == attempt.attempt_id
+    assert by_name["tracker.coordination"]["parent_id"] == observe["span_id"]
+    for name in ("tracker.decide", "tracker.append"):
+        assert by_name[name]["parent_id"] == by_name["tracker.coordination"]["span_id"]
+    (commit,) = [s for s in spans if s["name"] == "tracker.commit"]  # its own trace, its refusal's code
+    assert commit["trace_id"] != observe["trace_id"]
+    assert commit["attributes"]["tracker.error_code"] == "not_attempt_holder"

@@ -17,6 +17,9 @@ go into every log line, with the trace and span ids, when ``TRACKER_LOG_FORMAT=j
 (:class:`JsonFormatter`: one JSON object per line); the default format is human-readable.
 Log lines never carry settings, URLs or keys: only the message and these ids.
 
+The Tracker's own spans and log lines come from :class:`TelemetryHooks`, a hook of the service
+(``tracker.hooks``) that ``Tracker.from_settings`` attaches when tracing or id-logging is on.
+
 The Celery count task joins the caller's trace through :func:`inject` / :func:`extract`
 (W3C ``traceparent`` in the task message's headers).
 """
