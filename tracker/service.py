@@ -13,6 +13,10 @@ others keep writing the session (``CONTENDED_S``), this process decides under th
 coordinator's session lock, on the state read under it: contenders queue up
 (handed the lock by a wake-up, not by polling) instead of appending on stale
 states, and only one automatic attempt per basis is ever started.
+
+Cross-cutting concerns are hooks (``tracker.hooks``): the decision metrics and the spans
+subscribe to what is recorded (``Tracker(store, hooks=[...])``; ``from_settings`` attaches
+the default ones), and none of them can change a decision.
 """
 
 from __future__ import annotations
