@@ -4,7 +4,7 @@ Every import counts — at module level, inside functions, and under ``TYPE_CHEC
 lazy import cannot hide an upward edge. The layers, bottom first (a module may import its
 own layer and the layers below it; sibling packages of one layer may not import each other):
 
-    errors → core → {settings, _lru, telemetry} → {store, counting, coordination} → bootstrap
+    errors → core → hooks → {settings, _lru, telemetry, metrics} → {store, counting, coordination} → bootstrap
       → {service, queries, protocol} → audit → {http, client, workers} → {demo, bench} → cli
 
 The CLI is the outermost shell: it dispatches to the HTTP server, the worker, the demo and
@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYERS: list[set[str]] = [
     {"tracker.errors"},
     {"tracker.core"},
-    {"tracker.settings", "tracker._lru", "tracker.telemetry"},
+    {"tracker.hooks"},  # the service's hook interface: metrics and telemetry implement it
+    {"tracker.settings", "tracker._lru", "tracker.telemetry", "tracker.metrics"},
     {"tracker.store", "tracker.counting", "tracker.coordination"},
     {"tracker.bootstrap"},
     {"tracker.service", "tracker.queries", "tracker.protocol"},
@@ -177,6 +178,8 @@ def test_no_import_cycles():
         ("tracker.counting.backends", "workers.app"),  # counting importing the Celery app
         ("tracker.service", "tracker.http.app"),  # the service layer into an entry point
         ("tracker.errors", "tracker"),  # the root package from inside
+        ("tracker.hooks", "tracker.service"),  # the hook interface reaching up to what emits it
+        ("tracker.metrics", "tracker.telemetry"),  # one hook implementation into a sibling
     ],
 )
 def test_the_contract_catches_an_added_upward_import(src, dst):

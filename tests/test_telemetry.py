@@ -526,3 +526,78 @@ def test_the_monitoring_profile_provisions_the_shipped_files():
         [promtool, "check", "config", str(DEPLOY / "prometheus" / "prometheus.yml")], capture_output=True, text=True
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# -- the decision metrics are the Tracker's hook: counted once per HTTP call, on the app's registry ---------
+
+
+def test_an_http_decision_is_counted_once_on_the_apps_metrics(tmp_path):
+    from fastapi.testclient import TestClient
+    from prometheus_client import REGISTRY
+
+    from tracker.http.app import create_app
+    from tracker.metrics import DecisionMetrics
+
+    app = create_app(settings=Settings.of(database_url=f"sqlite:///{tmp_path / 't.db'}"))
+    runtime = app.state.runtime
+    with TestClient(app) as client:
+        fleet = runtime.fleets().create_fleet(f"m-{uuid.uuid4().hex[:6]}")
+        _, token = runtime.fleets().create_key(fleet["fleet_id"])
+        (hook,) = [h for h in runtime.tracker().hooks.all if isinstance(h, DecisionMetrics)]
+        assert hook is runtime.metrics.domain  # the one metrics hook, on the app's registry
+
+        def counted() -> tuple[float, float]:
+            labels = {"action": "compact"}
+            return (
+                runtime.metrics.registry.get_sample_value("tracker_decisions_total", labels) or 0.0,
+                REGISTRY.get_sample_value("tracker_decisions_total", labels) or 0.0,
+            )
+
+        before = counted()
+        r = client.post(
+            f"/v1/sessions/h-{uuid.uuid4().hex[:8]}/observe",
+            json={"measurement": {"basis": "m1", "input_tokens": 90_000, "input_limit": 100_000}},
+            headers={"Authorization": f"Bearer {token}"},
+        )
+        assert r.status_code == 200 and r.json()["action"] == "compact", r.text
+        after = counted()
+        assert after[0] - before[0] == 1  # once on the app's /metrics, not again by the HTTP layer
+        assert after[1] == before[1]  # and not on the process's default registry as well
+        page = client.get("/metrics").text
+        assert re.search(r'^tracker_decisions_total\{action="compact"\} 1\.0$', page, re.M), page
+        assert re.search(r'^tracker_attempts_started_total\{reason="automatic"\} 1\.0$', page, re.M), page
+        assert re.search(r'^tracker_http_requests_total\{.*route="/v1/sessions/\{session_id\}/observe"', page, re.M)
+
+
+def test_a_library_tracker_with_the_telemetry_hook_makes_the_command_spans(tmp_path):
+    from tracker.errors import NotAttemptHolder
+    from tracker.service import Tracker
+    from tracker.store import open_store
+    from tracker.telemetry import TelemetryHooks
+
+    exporter = in_memory_exporter()
+    try:
+        with Tracker.from_settings(
+            Settings.of(database_url=f"sqlite:///{tmp_path / 't.db'}"), hooks=[TelemetryHooks()]
+        ) as t:
+            sid = f"lib-{uuid.uuid4().hex[:8]}"
+            measurement = {"basis": "m1", "input_tokens": 90_000, "input_limit": 100_000}
+            attempt = t.observe(sid, measurement=measurement).attempt
+            with pytest.raises(NotAttemptHolder):
+                t.commit(sid, attempt.attempt_id, attempt.fencing_token + 1, 10)
+        with Tracker(open_store(f"sqlite:///{tmp_path / 't.db'}")) as untraced:  # no hooks: no spans
+            untraced.observe(f"{sid}-x", measurement=measurement)  # (the one observe span is the first's)
+        spans = [as_dict(s) for s in exporter.get_finished_spans()]
+    finally:
+        exporter.shutdown()
+    (observe,) = [s for s in spans if s["name"] == "tracker.observe"]
+    by_name = {s["name"]: s for s in spans if s["trace_id"] == observe["trace_id"]}
+    assert observe["attributes"]["tracker.session_id"] == sid
+    assert observe["attributes"]["tracker.action"] == "compact"
+    assert observe["attributes"]["tracker.attempt_id"] == attempt.attempt_id
+    assert by_name["tracker.coordination"]["parent_id"] == observe["span_id"]
+    for name in ("tracker.decide", "tracker.append"):
+        assert by_name[name]["parent_id"] == by_name["tracker.coordination"]["span_id"]
+    (commit,) = [s for s in spans if s["name"] == "tracker.commit"]  # its own trace, its refusal's code
+    assert commit["trace_id"] != observe["trace_id"]
+    assert commit["attributes"]["tracker.error_code"] == "not_attempt_holder"

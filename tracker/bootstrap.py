@@ -32,6 +32,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from tracker.coordination import Coordinator
     from tracker.counting.backends import CountingBackend
     from tracker.counting.registry import ModelRegistry
+    from tracker.hooks import TrackerHooks
     from tracker.store.base import EventStore, Projector
     from tracker.store.fleets import FleetStore
     from tracker.store.sql import SqlEventStore
@@ -208,3 +209,13 @@ def build_components(settings: Settings | None = None, **overrides: Any) -> Comp
     return Components(
         store=store, coordinator=coordinator, counting=counting, policy=overrides.get("policy") or s.policy
     )
+
+
+def build_hooks(settings: Settings, *, registry: Any = None) -> list[TrackerHooks]:
+    """The Tracker's hooks: decision metrics on ``registry`` (default: prometheus_client's own) unless
+    ``TRACKER_METRICS`` is off; spans and log lines when tracing or id-logging is on (configure them first)."""
+    from tracker import telemetry
+    from tracker.metrics import decision_metrics
+
+    metrics: list[TrackerHooks] = [decision_metrics(registry)] if settings.telemetry.metrics else []
+    return [*metrics, telemetry.TelemetryHooks()] if telemetry.active() else metrics

@@ -13,22 +13,26 @@ others keep writing the session (``CONTENDED_S``), this process decides under th
 coordinator's session lock, on the state read under it: contenders queue up
 (handed the lock by a wake-up, not by polling) instead of appending on stale
 states, and only one automatic attempt per basis is ever started.
+
+Cross-cutting concerns are hooks (``tracker.hooks``): the decision metrics and the spans
+subscribe to what is recorded (``Tracker(store, hooks=[...])``; ``from_settings`` attaches
+the default ones), and none of them can change a decision.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import random
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import nullcontext
-from typing import Any
+from typing import Any, TypeVar
 
-from tracker import telemetry
 from tracker._lru import LRU
-from tracker.bootstrap import build_components
+from tracker.bootstrap import build_components, build_hooks
 from tracker.coordination import Coordinator, LocalCoordinator
 from tracker.core import (
     Attempt,
@@ -65,8 +69,9 @@ from tracker.errors import (
     UnknownAttempt,
     WaitTimeout,
 )
+from tracker.hooks import Hooks, TrackerHooks
 from tracker.settings import Settings
-from tracker.store.base import EventStore, NewEvent
+from tracker.store.base import AppendResult, EventStore, NewEvent
 
 log = logging.getLogger("tracker.service")
 
@@ -74,6 +79,29 @@ CONFLICT_RETRY_S = 30.0
 STATE_CACHE_SIZE = 10_000  # sessions whose last recorded state this process keeps
 CONTENDED_S = 1.0  # after a lost race, decide under the session lock for this long (renewed while contended)
 _UNLOCKED = nullcontext(False)  # (reusable: a nullcontext keeps no state between uses)
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _command(name: str) -> Callable[[F], F]:
+    """A public command ``(self, session_id, [attempt_id, ...])``: its hooks' ``command`` around
+    it and ``after_command`` with what it returns (nothing at all when no hook asks)."""
+
+    def wrap(fn: F) -> F:
+        @functools.wraps(fn)
+        def call(self: Tracker, session_id: str, *args: Any, **kwargs: Any) -> Any:
+            hooks = self.hooks
+            if not hooks.commands:
+                return fn(self, session_id, *args, **kwargs)
+            attempt_id = args[0] if args and isinstance(args[0], str) else kwargs.get("attempt_id")
+            basis = kwargs.get("basis")
+            with hooks.command(name, session_id, attempt_id, None if basis is None else str(basis)):
+                result = fn(self, session_id, *args, **kwargs)
+                hooks.after_command(name, session_id, result)
+            return result
+
+        return call  # type: ignore[return-value]
+
+    return wrap
 
 
 class Tracker:
@@ -88,6 +116,7 @@ class Tracker:
         coordinator: Coordinator | None = None,
         clock: Callable[[], float] = time.time,
         new_id: Callable[[], str] = lambda: uuid.uuid4().hex,
+        hooks: Iterable[TrackerHooks] = (),
     ) -> None:
         self.store = store
         self.policy = policy or Policy()
@@ -98,17 +127,24 @@ class Tracker:
         self._states: LRU[str, SessionState] = LRU(STATE_CACHE_SIZE)
         #: session -> when this process last saw it contended (see ``_record``)
         self._contended: LRU[str, float] = LRU(STATE_CACHE_SIZE)
+        #: subscribers of what this Tracker does (metrics, traces): see ``tracker.hooks``
+        self.hooks = Hooks(hooks)
+        self._phase = self.hooks.phase
 
     @classmethod
     def from_settings(cls, settings: Settings | None = None, **overrides: Any) -> Tracker:
         """A Tracker wired by the composition root from ``settings`` (default: ``Settings.load()``).
 
-        ``counting=``, ``coordinator=`` and ``policy=`` replace one part; ``clock=`` and
-        ``new_id=`` are passed to the Tracker.
+        ``counting=``, ``coordinator=`` and ``policy=`` replace one part; ``hooks=`` replaces the
+        default hooks (``build_hooks``: decision metrics, and traces when tracing is on); ``clock=``
+        and ``new_id=`` are passed to the Tracker.
         """
+        settings = settings if settings is not None else Settings.load()
         parts = {k: overrides.pop(k) for k in ("counting", "coordinator", "policy") if k in overrides}
+        hooks = overrides.pop("hooks", None)
         c = build_components(settings, **parts)
-        return cls(c.store, policy=c.policy, counting=c.counting, coordinator=c.coordinator, **overrides)
+        hooks = build_hooks(settings) if hooks is None else hooks
+        return cls(c.store, policy=c.policy, counting=c.counting, coordinator=c.coordinator, hooks=hooks, **overrides)
 
     def close(self) -> None:
         self.store.close()
@@ -150,10 +186,13 @@ class Tracker:
         idempotency_key: str | None = None,
         op: str = "observe",
     ) -> tuple[Outcome, int]:
-        """Load → decide → append, under the session lock, retrying on version conflicts.
+        """Load → decide → append; on a version conflict, decide again on the state that won.
 
-        Conflicts happen when coordination is degraded (Redis down or flushed) or a lock
-        wait timed out; retries back off with full jitter so contenders spread out.
+        The first try decides on the state this process last recorded, without a lock (the
+        store's version check guards it). A refusal or a no-op decided on that cached state is
+        confirmed on the record; a lost race (or a session still contended) is decided under the
+        coordinator's lock on the state read under it, backing off with full jitter while it
+        keeps conflicting (coordination degraded, or a lock wait timed out).
         """
         if idempotency_key is not None:
             check_text("idempotency_key", idempotency_key)  # before it reaches the database
@@ -162,78 +201,83 @@ class Tracker:
             if replay is not None:
                 return replay
         deadline = time.monotonic() + CONFLICT_RETRY_S
-        attempt = 0
-        fresh = False
-        # Optimistic first: an uncontended session needs no lock (the store's version check
-        # guards). After a conflict, and while the session stays contended, the decision is
-        # made under the coordinator's lock on the state read under it, so contenders queue
-        # up instead of appending on stale states.
         locked = self._is_contended(session_id)
-        traced = telemetry.active()  # asked once: with tracing and id-logging off, no span is built
+        cached = None if locked else self._states.get(session_id)  # never trusted alone (see above)
+        tries = 0
         while True:
             lock = self.coordinator.session_lock(session_id) if locked else _UNLOCKED
-            with telemetry.span("tracker.coordination") if traced else _UNLOCKED, lock:
-                # Unlocked, the state this process last recorded is used optimistically: if another
-                # process appended since, the append is refused by its version check and we re-decide.
-                # So a cached state is never trusted alone.
-                state = None if fresh or locked else self._states.get(session_id)
-                if state is None:
-                    cached = self._states.get(session_id)
-                    state, fresh = self._load(session_id), True
-                    if locked:  # still contended while others write between our appends
-                        if cached is not None and cached.version == state.version:
-                            self._contended.pop(session_id)
-                        else:
-                            self._contended.put(session_id, time.monotonic())
+            with self._phase("coordination"), lock:
+                state = cached if cached is not None else self._load_noting_contention(session_id, locked)
                 try:
-                    with telemetry.span("tracker.decide") if traced else _UNLOCKED:
+                    with self._phase("decide"):
                         outcome = decide(state)
                 except TrackerError:
-                    if fresh:
+                    if cached is None:
                         raise
-                    fresh = True  # refused on a cached state (e.g. a revision it has not seen): ask the record
+                    cached = None  # refused on a cached state (a revision it has not seen?): ask the record
                     continue
                 if not outcome.events:
-                    if not fresh:  # nothing to append, so no version check: confirm on the record
-                        fresh = True
-                        continue
-                    return outcome, state.version
-                try:
-                    with telemetry.span("tracker.append") if traced else _UNLOCKED:
-                        result = self.store.append(
-                            session_id,
-                            state.version,
-                            [_new_event(e) for e in outcome.events],
-                            idempotency_key=idempotency_key,
-                            projected=outcome.state.to_data(),
-                        )
-                except ConcurrencyConflict:
-                    result = None
-                    self._states.pop(session_id)
-                except BaseException:
-                    self._states.pop(session_id)
-                    raise
-                if result is not None and not result.replayed:
-                    self._states.put(session_id, outcome.state)
-                    telemetry.recorded(outcome.events)
+                    if cached is None:
+                        return outcome, state.version
+                    cached = None  # nothing to append, so no version check: confirm on the record
+                    continue
+                result = self._append(session_id, state, outcome, idempotency_key)
             if result is not None:
-                if result.replayed:
-                    self._states.pop(session_id)
+                if result.replayed:  # the same key, appended by a racing call: its answer
                     return self._answer_from(session_id, result, op, decide), result.last_version
+                self.hooks.after_record(op, session_id, outcome)
                 if any(isinstance(e, (CompactionCommitted, CompactionRejected)) for e in outcome.events):
                     self.coordinator.attempt_ended(session_id)  # wakes long-polls (a hint; they re-read)
                 return outcome, result.last_version
             self._contended.put(session_id, time.monotonic())
-            if not locked or not fresh:  # lost an optimistic race: re-decide at once, under the lock
-                locked = fresh = True
-                continue
-            attempt += 1
-            if time.monotonic() >= deadline:
-                raise ConcurrencyConflict(
-                    f"session {session_id}: still conflicting after {attempt} tries in {CONFLICT_RETRY_S:.0f}s",
-                    session_id=session_id,
+            if locked:  # conflicting under the lock: back off
+                tries += 1
+                if time.monotonic() >= deadline:
+                    raise ConcurrencyConflict(
+                        f"session {session_id}: still conflicting after {tries} tries in {CONFLICT_RETRY_S:.0f}s",
+                        session_id=session_id,
+                    )
+                time.sleep(random.uniform(0, min(0.1, 0.002 * 2 ** min(tries, 10))))
+            locked, cached = True, None  # (a lost optimistic race is re-decided at once, under the lock)
+
+    def _load_noting_contention(self, session_id: str, locked: bool) -> SessionState:
+        """The recorded state; under the lock, the session stays contended while others append
+        between this process's own appends (the state read is not the one it last recorded)."""
+        if not locked:
+            return self._load(session_id)
+        mine = self._states.get(session_id)
+        state = self._load(session_id)
+        if mine is not None and mine.version == state.version:
+            self._contended.pop(session_id)
+        else:
+            self._contended.put(session_id, time.monotonic())
+        return state
+
+    def _append(
+        self, session_id: str, state: SessionState, outcome: Outcome, idempotency_key: str | None
+    ) -> AppendResult | None:
+        """Append ``outcome``'s events at ``state``'s version; None on a version conflict. The
+        state cache follows: the new state when appended, nothing when in doubt."""
+        try:
+            with self._phase("append"):
+                result = self.store.append(
+                    session_id,
+                    state.version,
+                    [_new_event(e) for e in outcome.events],
+                    idempotency_key=idempotency_key,
+                    projected=outcome.state.to_data(),
                 )
-            time.sleep(random.uniform(0, min(0.1, 0.002 * 2 ** min(attempt, 10))))
+        except ConcurrencyConflict:
+            self._states.pop(session_id)
+            return None
+        except BaseException:
+            self._states.pop(session_id)
+            raise
+        if result.replayed:
+            self._states.pop(session_id)
+        else:
+            self._states.put(session_id, outcome.state)
+        return result
 
     def _is_contended(self, session_id: str) -> bool:
         """Whether this process lost a race on the session within the last ``CONTENDED_S`` seconds
@@ -279,7 +323,7 @@ class Tracker:
         return out
 
     # -- observe ---------------------------------------------------------------------------
-    @telemetry.operation("tracker.observe")
+    @_command("observe")
     def observe(
         self,
         session_id: str,
@@ -375,7 +419,7 @@ class Tracker:
         return Result(session_id=session_id, version=version, decision=_decision(outcome, session_id))
 
     # -- attempts --------------------------------------------------------------------------
-    @telemetry.operation("tracker.manual")
+    @_command("manual")
     def request_compaction(
         self,
         session_id: str,
@@ -408,7 +452,7 @@ class Tracker:
             raise ManualAttemptOpen("a manual attempt was already open when this call was first made")
         return outcome.attempt
 
-    @telemetry.operation("tracker.commit")
+    @_command("commit")
     def commit(
         self,
         session_id: str,
@@ -430,7 +474,7 @@ class Tracker:
             raise outcome.error
         return outcome.state
 
-    @telemetry.operation("tracker.reject")
+    @_command("reject")
     def reject(
         self,
         session_id: str,
@@ -455,10 +499,10 @@ class Tracker:
     def expire(self, session_id: str) -> SessionState:
         """Record ``lease_expired`` for attempts past their lease (any decision does this too)."""
         check_session_id(session_id)
-        outcome, _ = self._record(session_id, lambda st: outcome_of(st, expire_leases(st, self.clock())))
+        outcome, _ = self._record(session_id, lambda st: outcome_of(st, expire_leases(st, self.clock())), op="expire")
         return outcome.state
 
-    @telemetry.operation("tracker.wait")
+    @_command("wait")
     def wait(self, session_id: str, attempt_id: str, timeout: float = 30.0, poll_s: float = 0.05) -> str:
         """Block until the attempt ends; returns 'committed' or 'rejected:<reason>'.
 

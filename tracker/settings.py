@@ -217,6 +217,11 @@ class TelemetrySettings(Section):
     worker_metrics_port: int | None = Field(
         None, ge=0, le=65535, description="port of a count worker's own Prometheus `/metrics` (none: not served)"
     )
+    metrics: bool = Field(
+        True,
+        description="count decisions as Prometheus metrics (`tracker serve`: on its `/metrics`; the library and CLI: "
+        "on prometheus_client's default registry)",
+    )
 
 
 class BenchSettings(Section):

@@ -17,6 +17,9 @@ go into every log line, with the trace and span ids, when ``TRACKER_LOG_FORMAT=j
 (:class:`JsonFormatter`: one JSON object per line); the default format is human-readable.
 Log lines never carry settings, URLs or keys: only the message and these ids.
 
+The Tracker's own spans and log lines come from :class:`TelemetryHooks`, a hook of the service
+(``tracker.hooks``) that ``Tracker.from_settings`` attaches when tracing or id-logging is on.
+
 The Celery count task joins the caller's trace through :func:`inject` / :func:`extract`
 (W3C ``traceparent`` in the task message's headers).
 """
@@ -24,17 +27,21 @@ The Celery count task joins the caller's trace through :func:`inject` / :func:`e
 from __future__ import annotations
 
 import contextvars
-import functools
 import json
 import logging
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from typing import Any, TypeVar
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from typing import TYPE_CHECKING, Any
 
+from tracker.core.events import CompactionStarted, ContextMeasured
 from tracker.errors import TrackerError
+from tracker.hooks import TrackerHooks
+
+if TYPE_CHECKING:  # pragma: no cover
+    from tracker.core.decide import Outcome
 
 log = logging.getLogger("tracker")
 op_log = logging.getLogger("tracker.service")  # one line per command, when logging or tracing is on
@@ -52,9 +59,7 @@ ERROR_CODE = "tracker.error_code"
 MODEL = "tracker.model"
 
 _IDS: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar("tracker_log_ids", default=None)
-_RECORDED: contextvars.ContextVar[list[Any] | None] = contextvars.ContextVar("tracker_recorded", default=None)
 _OP: contextvars.ContextVar[Span | None] = contextvars.ContextVar("tracker_operation", default=None)
-F = TypeVar("F", bound=Callable[..., Any])
 _LOG_KEYS = {FLEET: "fleet", SESSION: "session_id", ATTEMPT: "attempt_id"}
 
 _state = {"tracing": False, "ids": False, "configured": False}
@@ -318,47 +323,89 @@ _SHORT = {
 }
 
 
-def operation(name: str) -> Callable[[F], F]:
-    """Decorate a service command ``(self, session_id, [attempt_id, ...])``: one span per call, named
-    ``name``, with the session (and attempt) ids; what it returns or records sets the rest."""
+# -- the service's hook: a span per command and per phase, one log line per command ------------------
 
-    def wrap(fn: F) -> F:
-        @functools.wraps(fn)
-        def call(self: Any, session_id: str, *args: Any, **kwargs: Any) -> Any:
-            s = span(name)
-            if not isinstance(s, Span):
-                return fn(self, session_id, *args, **kwargs)
-            attempt_id = args[0] if args and isinstance(args[0], str) else kwargs.get("attempt_id")
-            s.attributes[SESSION] = session_id
-            if attempt_id is not None:
-                s.attributes[ATTEMPT] = attempt_id
-            basis = kwargs.get("basis")
-            if basis is not None:
-                s.attributes[BASIS] = str(basis)
-            what = name.rsplit(".", 1)[-1]
-            with s:
-                token = _OP.set(s)
-                try:
-                    result = fn(self, session_id, *args, **kwargs)
-                except TrackerError as exc:
-                    op_log.info("%s refused: %s", what, exc.code)
-                    raise
-                finally:
-                    _OP.reset(token)
-                s.decided(result)
-                attempt = getattr(result, "attempt_id", None)
-                if isinstance(attempt, str):
-                    s.set(ATTEMPT, attempt)
-                pressure = getattr(result, "pressure", None)
-                if isinstance(pressure, str):
-                    s.set(PRESSURE, pressure)
-                action = getattr(result, "action", None)
-                op_log.info("%s: %s", what, action if isinstance(action, str) else "ok")
-                return result
 
-        return call  # type: ignore[return-value]
+class TelemetryHooks(TrackerHooks):
+    """The Tracker's spans and log lines (attached when tracing or id-logging is on).
 
-    return wrap
+    A command is a span (``tracker.observe``, ``tracker.manual``, ``tracker.commit``,
+    ``tracker.reject``, ``tracker.wait``) with the session, attempt and basis, then what it
+    recorded (action, pressure, occupancy, count quality, the attempt it opened) and returned,
+    or the code of its refusal; inside it ``tracker.coordination`` > (``tracker.decide``,
+    ``tracker.append``). One log line per command: ``observe: compact``, ``commit refused: …``.
+    """
+
+    def command(
+        self, name: str, session_id: str, attempt_id: str | None, basis: str | None
+    ) -> AbstractContextManager[Any] | None:
+        s = span("tracker." + name)
+        if not isinstance(s, Span):
+            return None
+        s.attributes[SESSION] = session_id
+        if attempt_id is not None:
+            s.attributes[ATTEMPT] = attempt_id
+        if basis is not None:
+            s.attributes[BASIS] = basis
+        return _Command(name, s)
+
+    def after_command(self, name: str, session_id: str, result: Any) -> None:
+        op = _OP.get()
+        if op is None:
+            return
+        op.decided(result)
+        attempt = getattr(result, "attempt_id", None)
+        if isinstance(attempt, str):
+            op.set(ATTEMPT, attempt)
+        pressure = getattr(result, "pressure", None)
+        if isinstance(pressure, str):
+            op.set(PRESSURE, pressure)
+        action = getattr(result, "action", None)
+        op_log.info("%s: %s", name, action if isinstance(action, str) else "ok")
+
+    def phase(self, name: str) -> AbstractContextManager[Any] | None:
+        s = span("tracker." + name)
+        return s if isinstance(s, Span) else None
+
+    def after_record(self, op: str, session_id: str, outcome: Outcome) -> None:
+        """The decision's attributes go on the command's span."""
+        span_ = _OP.get()
+        if span_ is None:
+            return
+        for e in outcome.events:
+            if isinstance(e, ContextMeasured):  # the decision
+                span_.set(ACTION, e.action)
+                span_.set(PRESSURE, e.pressure)
+                span_.set(OCCUPANCY, e.occupancy_bp)
+                span_.set(BASIS, e.measurement.get("basis"))
+                span_.set(QUALITY, e.measurement.get("quality"))
+            elif isinstance(e, CompactionStarted):  # an attempt opened
+                span_.set(ATTEMPT, e.attempt_id)
+
+
+class _Command:
+    """One command's span, current (and the span :meth:`TelemetryHooks.after_record` annotates) for its ``with``."""
+
+    __slots__ = ("name", "span", "_token")
+
+    def __init__(self, name: str, span: Span) -> None:
+        self.name = name
+        self.span = span
+        self._token: Any = None
+
+    def __enter__(self) -> _Command:
+        self.span.__enter__()
+        self._token = _OP.set(self.span)
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        try:
+            if self._token is not None:
+                _OP.reset(self._token)
+            if isinstance(exc, TrackerError):
+                op_log.info("%s refused: %s", self.name, exc.code)
+        finally:
+            self.span.__exit__(exc_type, exc, tb)
 
 
 @contextmanager
@@ -398,41 +445,6 @@ def current_ids() -> dict[str, str]:
             out["trace_id"] = format(ctx.trace_id, "032x")
             out["span_id"] = format(ctx.span_id, "016x")
     return out
-
-
-# -- what a command recorded (for the metrics of outcomes no return value shows) -------------------
-
-
-@contextmanager
-def recording() -> Iterator[list[Any]]:
-    """Collect the domain events the service records inside the ``with`` (lease expiries, say)."""
-    events: list[Any] = []
-    token = _RECORDED.set(events)
-    try:
-        yield events
-    finally:
-        _RECORDED.reset(token)
-
-
-def recorded(events: Any) -> None:
-    """Called by the service after an append succeeded: the decision's attributes go on the
-    operation's span, and the events to the ``recording()`` caller (if any)."""
-    sink = _RECORDED.get()
-    if sink is not None:
-        sink.extend(events)
-    op = _OP.get()
-    if op is None:
-        return
-    for e in events:
-        if hasattr(e, "occupancy_bp") and hasattr(e, "action"):  # ContextMeasured: the decision
-            op.set(ACTION, e.action)
-            op.set(PRESSURE, e.pressure)
-            op.set(OCCUPANCY, e.occupancy_bp)
-            m = getattr(e, "measurement", None) or {}
-            op.set(BASIS, m.get("basis"))
-            op.set(QUALITY, m.get("quality"))
-        elif hasattr(e, "fencing_token") and hasattr(e, "attempt_id"):  # an attempt opened
-            op.set(ATTEMPT, e.attempt_id)
 
 
 # -- propagation across the Celery boundary ------------------------------------------------------

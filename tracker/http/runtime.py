@@ -2,8 +2,10 @@
 
 :class:`Runtime` builds everything from the process's typed ``Settings`` on first need, so
 the server starts (and ``/readyz`` says why) while the database is down or unmigrated.
-:class:`DomainMetrics` is the one observer of what the commands decided; the routes issue
-commands through :class:`Commands`, which reports to it, and never count anything themselves.
+What the commands decide is counted by the Tracker's own metrics hook (``tracker.metrics``,
+on this app's registry), as for any library call; the routes issue commands through
+:class:`Commands` and never count a decision themselves. The HTTP metrics (requests, latency,
+error codes) are counted here and in the middleware.
 """
 
 from __future__ import annotations
@@ -14,18 +16,11 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tracker import telemetry
-from tracker.core.events import CompactionRejected, ContextMeasured
 from tracker.core.model import SessionScope
-from tracker.errors import (
-    ContextLimitError,
-    CountError,
-    InvalidSetting,
-    SummaryTooLarge,
-    TrackerError,
-)
+from tracker.errors import InvalidSetting, TrackerError
 from tracker.http.errors import error_body
 from tracker.http.waits import Waits
+from tracker.metrics import decision_metrics
 from tracker.settings import Settings
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -37,68 +32,10 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger("tracker.http")
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client's own variable, not a tracker setting
-OCCUPANCY_BUCKETS = (1000, 2000, 3000, 4000, 5000, 6000, 7000, 8000, 9000, 9500, 10000)
 GAUGES_TTL_S = 5.0  # fleet gauges are read from the store at most this often per process
 
 
 # -- metrics ------------------------------------------------------------------------------------
-
-
-class DomainMetrics:
-    """What the commands decided, counted: decisions, count failures, attempts opened and ended."""
-
-    def __init__(self, registry: Any) -> None:
-        from prometheus_client import Counter, Histogram
-
-        r = registry
-        self.decisions = Counter("tracker_decisions_total", "Decisions by action", ["action"], registry=r)
-        self.count_failures = Counter("tracker_count_failures_total", "Count failures by kind", ["kind"], registry=r)
-        self.attempts_started = Counter(
-            "tracker_attempts_started_total", "Compaction attempts opened", ["reason"], registry=r
-        )
-        self.attempt_outcomes = Counter(
-            "tracker_attempt_outcomes_total",
-            "Compaction attempts ended through the API, by outcome",
-            ["outcome"],
-            registry=r,
-        )
-        self.occupancy = Histogram(
-            "tracker_decision_occupancy_bp",
-            "Occupancy (basis points of the input limit) of each recorded measurement, at decision time",
-            registry=r,
-            buckets=OCCUPANCY_BUCKETS,
-        )
-        self.leases_expired = Counter(
-            "tracker_leases_expired_total", "Compaction attempts rejected as lease_expired", registry=r
-        )
-
-    def recorded(self, events: list[Any]) -> None:
-        """Every event a command recorded: measurements (occupancy) and expired leases."""
-        for e in events:
-            if isinstance(e, ContextMeasured):
-                self.occupancy.observe(e.occupancy_bp)
-            elif isinstance(e, CompactionRejected) and e.reject_reason == "lease_expired":
-                self.leases_expired.inc()
-
-    def decided(self, result: Result) -> None:
-        self.decisions.labels(result.action).inc()
-        if result.attempt is not None:
-            self.attempt_opened(result.attempt)
-
-    def attempt_opened(self, attempt: Attempt) -> None:
-        self.attempts_started.labels(attempt.reason).inc()
-
-    def attempt_ended(self, outcome: str) -> None:
-        self.attempt_outcomes.labels(outcome).inc()
-
-    def refused(self, exc: TrackerError) -> None:
-        """A refusal that is a decision (it is on the record): counted like the decision it is."""
-        if isinstance(exc, ContextLimitError):
-            self.decisions.labels("context_limit").inc()
-        elif isinstance(exc, CountError):
-            self.count_failures.labels(exc.kind).inc()
-        elif isinstance(exc, SummaryTooLarge):
-            self.attempt_ended("summary_too_large")
 
 
 class Metrics:
@@ -113,7 +50,8 @@ class Metrics:
 
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.domain = DomainMetrics(r)
+        #: the decisions' metrics: a hook of the Tracker this app builds (``Runtime.tracker``)
+        self.domain = decision_metrics(r)
         self.errors = Counter("tracker_http_errors_total", "Error responses by code", ["code"], registry=r)
         self.requests = Counter(
             "tracker_http_requests_total", "HTTP requests", ["method", "route", "status"], registry=r
@@ -217,48 +155,29 @@ class FleetGauges:
 
 
 class Commands:
-    """The Tracker's commands as the routes issue them; each outcome goes to :class:`DomainMetrics`."""
+    """The Tracker's commands as the routes issue them (what they record is counted by its hooks)."""
 
-    def __init__(self, tracker: Tracker, observer: DomainMetrics) -> None:
+    def __init__(self, tracker: Tracker) -> None:
         self._tracker = tracker
-        self._observer = observer
-
-    def _run(self, command: Any, *args: Any, **kwargs: Any) -> Any:
-        with telemetry.recording() as events:
-            try:
-                return command(*args, **kwargs)
-            except TrackerError as exc:
-                self._observer.refused(exc)
-                raise
-            finally:
-                self._observer.recorded(events)
 
     def observe(self, session_id: str, **kwargs: Any) -> Result:
-        result = self._run(self._tracker.observe, session_id, **kwargs)
-        self._observer.decided(result)
-        return result
+        return self._tracker.observe(session_id, **kwargs)
 
     def request_compaction(self, session_id: str, **kwargs: Any) -> Attempt:
-        attempt = self._run(self._tracker.request_compaction, session_id, **kwargs)
-        self._observer.attempt_opened(attempt)
-        return attempt
+        return self._tracker.request_compaction(session_id, **kwargs)
 
     def commit(
         self, session_id: str, attempt_id: str, fencing_token: int, tokens_after: int, **kwargs: Any
     ) -> SessionState:
-        state = self._run(self._tracker.commit, session_id, attempt_id, fencing_token, tokens_after, **kwargs)
-        self._observer.attempt_ended("committed")
-        return state
+        return self._tracker.commit(session_id, attempt_id, fencing_token, tokens_after, **kwargs)
 
     def reject(
         self, session_id: str, attempt_id: str, fencing_token: int, reject_reason: str, **kwargs: Any
     ) -> SessionState:
-        state = self._run(self._tracker.reject, session_id, attempt_id, fencing_token, reject_reason, **kwargs)
-        self._observer.attempt_ended("rejected")
-        return state
+        return self._tracker.reject(session_id, attempt_id, fencing_token, reject_reason, **kwargs)
 
     def wait(self, session_id: str, attempt_id: str, **kwargs: Any) -> str:
-        return self._run(self._tracker.wait, session_id, attempt_id, **kwargs)
+        return self._tracker.wait(session_id, attempt_id, **kwargs)
 
 
 # -- the caller ---------------------------------------------------------------------------------
@@ -277,7 +196,8 @@ class Caller(SessionScope):
 class Runtime:
     """Settings, the one Tracker (built on first need), the fleets, Redis for /readyz, metrics.
 
-    ``tracker`` may be given (embedding, tests); it is then the caller's to close.
+    ``tracker`` may be given (embedding, tests); it is then the caller's to close, and its hooks
+    are its own (``hooks=[runtime.metrics.domain]`` counts its decisions on this app's ``/metrics``).
     """
 
     def __init__(self, settings: Settings, *, tracker: Tracker | None = None) -> None:
@@ -298,16 +218,18 @@ class Runtime:
         if t is None:
             with self._lock:
                 if self._tracker is None:
+                    from tracker.bootstrap import build_hooks
                     from tracker.service import Tracker
 
-                    self._tracker = Tracker.from_settings(self.settings)
+                    hooks = build_hooks(self.settings, registry=self.metrics.registry)  # decisions on /metrics
+                    self._tracker = Tracker.from_settings(self.settings, hooks=hooks)
                 t = self._tracker
         return t
 
     def commands(self) -> Commands:
         c = self._commands
         if c is None:
-            c = self._commands = Commands(self.tracker(), self.metrics.domain)
+            c = self._commands = Commands(self.tracker())
         return c
 
     def store(self) -> EventStore:
