@@ -251,3 +251,17 @@ def test_single_flight_holds_through_a_sentinel_failover(sentinel, race_db, how)
     summary, counts, (old, new) = run_race(race_db, sentinel.url, procs=PROCS, duration_s=4.0, during=failover)
     assert sentinel.primary_port() == new != old
     _assert_single_flight(summary, counts)
+
+
+@pytest.mark.parametrize("topology", ["cluster", "sentinel"])
+def test_readyz_checks_redis_on_either_topology(request, tmp_path, topology):
+    from tracker.http.runtime import Runtime
+
+    url = request.getfixturevalue(topology).url
+    runtime = Runtime(Settings.of(database_url=f"sqlite:///{tmp_path}/t.db", redis_url=url))
+    try:
+        ready, checks = runtime.readiness()
+        assert checks["redis"] == {"status": "ok"}, checks
+        assert ready, checks
+    finally:
+        runtime.close()
