@@ -160,6 +160,31 @@ def test_attempt_ended_reaches_a_listener_whichever_node_it_was_published_on(clu
         publisher.close()
 
 
+def test_hints_still_arrive_after_the_subscribers_node_is_killed(cluster):
+    """The subscription sits on the master of the channel's slot; kill it, and the listener resubscribes."""
+    listener, publisher = (
+        RedisCoordinator(cluster.url, prefix="ct-kill:"),
+        RedisCoordinator(cluster.url, prefix="ct-kill:"),
+    )
+    heard: list[str] = []
+    stop = listener.listen(heard.append)
+    try:
+        time.sleep(0.5)
+        old, _new = cluster.kill_master_of("ct-kill:attempt-ended")
+        deadline = time.monotonic() + 10
+        n = 0
+        while time.monotonic() < deadline and not any(h.startswith("after-") for h in heard):
+            publisher.attempt_ended(f"after-{n}")  # lost while the listener reconnects: hints, not truth
+            n += 1
+            time.sleep(0.2)
+        assert any(h.startswith("after-") for h in heard), heard
+    finally:
+        stop()
+        listener.close()
+        publisher.close()
+    cluster.revive(old)
+
+
 def test_a_cluster_that_is_down_degrades_to_uncoordinated_instead_of_crashing(tmp_path):
     from tracker.service import Tracker
 
@@ -213,6 +238,7 @@ def test_single_flight_holds_when_the_master_of_the_sessions_slot_is_killed(clus
     )
     assert cluster.master_of(lock_key) == new != old
     _assert_single_flight(summary, counts)
+    cluster.revive(old)
 
 
 # -- sentinel -----------------------------------------------------------------------------------------

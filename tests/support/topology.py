@@ -296,6 +296,11 @@ class RedisClusterTopology:
             wait_for(lambda: self.master_of(key) == new, 30, f"replica {new} to be elected")
         return old, new
 
+    def revive(self, port: int) -> None:
+        """Start a killed node again (same port, same ``nodes.conf``): it rejoins as a replica."""
+        self.nodes[port].start()
+        wait_for(self.healthy, 30, f"node {port} to rejoin")
+
     def close(self) -> None:
         for node in self.nodes.values():
             node.kill()
