@@ -130,6 +130,16 @@ def test_a_sessions_keys_share_one_slot_and_the_lock_excludes_and_wakes(cluster)
             time.sleep(0.2)
         waiter.join(5)
         assert got and got[0] < 1.0  # the release's wake-up, not the TTL (5 s)
+        # the release script ran on the cluster with both keys: lock deleted, one wake-up left behind
+        with a.session_lock("lonely") as held:
+            assert held
+        from redis.cluster import RedisCluster
+
+        direct = RedisCluster.from_url(cluster.url.replace("redis+cluster://", "redis://").split(",")[0])
+        lock, wake = a.keys("lonely")
+        assert (direct.exists(lock), direct.llen(wake)) == (0, 1)
+        assert 0 < direct.pttl(wake) <= 5000
+        direct.close()
     finally:
         a.close()
         b.close()
@@ -291,3 +301,23 @@ def test_readyz_checks_redis_on_either_topology(request, tmp_path, topology):
         assert ready, checks
     finally:
         runtime.close()
+
+
+def test_the_old_untagged_key_layout_would_fail_on_a_cluster(cluster):
+    """Why the hash tag: ``tracker:lock:<sid>`` and ``…:wake`` land in different slots, and a two-key
+    script over them is refused (the topology is a real cluster, not one node)."""
+    from redis.cluster import RedisCluster
+    from redis.exceptions import RedisClusterException, ResponseError
+
+    from tracker.coordination import _RELEASE
+
+    client = RedisCluster(host="127.0.0.1", port=int(cluster.url.split(":")[-1]))
+    try:
+        old = ["tracker:lock:s1", "tracker:lock:s1:wake"]
+        assert client.keyslot(old[0]) != client.keyslot(old[1])
+        with pytest.raises((RedisClusterException, ResponseError), match="(?i)slot"):
+            client.eval(_RELEASE, 2, *old, "token", 1000)
+        tagged = list(RedisCoordinator(cluster.url).keys("s1"))
+        assert client.eval(_RELEASE, 2, *tagged, "token", 1000) == 0  # same slot: runs (nothing to release)
+    finally:
+        client.close()
