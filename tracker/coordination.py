@@ -31,7 +31,11 @@ Topologies (``TRACKER_REDIS_URL``, parsed by ``tracker.settings.parse_redis_url`
   subscriber to one shard and drops it when the slot moves; the hint's rate (one per ended
   attempt) does not need it.
 * ``redis+sentinel://host:port[,host:port…]/service``: the primary that Sentinel names
-  (``Sentinel.master_for``), re-discovered after a failover.
+  (``Sentinel.master_for``). A connection to a primary that was demoted fails (``READONLY``)
+  and reconnects to the new one; but after a *graceful* failover (``SENTINEL FAILOVER``) the
+  old primary keeps answering as a primary until Sentinel reconfigures it, ~10 s later, so
+  the coordinator also asks Sentinel who the primary is, at most every ``SENTINEL_CHECK_S``,
+  and moves its connections (and the hint subscription) when the answer changed.
 
 The cluster client is built lazily (``RedisCluster`` connects in its constructor): with the
 cluster down a process still starts and runs uncoordinated, exactly as with one server down.
@@ -157,6 +161,9 @@ return 0
 #: a waiter re-tries the lock at least this often without a wake-up (a holder that died, a flush)
 WAKE_CHECK_S = 0.5
 
+#: how often a Sentinel coordinator asks which server is the primary (when it uses Redis at all)
+SENTINEL_CHECK_S = 1.0
+
 #: errors that mean "Redis is not there right now" (down, failing over, resharding): run uncoordinated
 _UNAVAILABLE: tuple[type[BaseException], ...] = (
     redis.ConnectionError,
@@ -228,6 +235,10 @@ class _Client:
                 client = self._client
         return client
 
+    def built(self) -> Any:
+        """The client if it was built, else None (builds nothing)."""
+        return self._client
+
     def close(self) -> None:
         client, self._client = self._client, None
         if client is not None:
@@ -268,6 +279,7 @@ class RedisCoordinator:
         self._subscriber_guard = threading.Lock()
         self._closed = threading.Event()
         self._down_since: float | None = None
+        self._primary_checked = time.monotonic()
 
     @property
     def topology(self) -> str:
@@ -286,6 +298,21 @@ class RedisCoordinator:
                 "Redis unreachable (%s): deciding uncoordinated; the event store's version check still guards", exc
             )
 
+    def _follow_primary(self) -> None:
+        """Sentinel: ask for the primary at most every SENTINEL_CHECK_S; idle connections to a former
+        one are dropped (redis-py's pool does that when the address changed), so the next command
+        goes to the new primary even while the old one still answers."""
+        if self._target.kind != "sentinel":
+            return
+        now = time.monotonic()
+        if now - self._primary_checked < SENTINEL_CHECK_S:
+            return
+        self._primary_checked = now
+        for holder in (self._redis, self._waiter):
+            client = holder.built()
+            if client is not None:
+                client.connection_pool.get_master_address()
+
     def _release(self, client: Any, keys: list[str], args: list[Any]) -> Any:
         script = self._scripts.get(id(client))
         if script is None:
@@ -299,6 +326,7 @@ class RedisCoordinator:
         held = False
         deadline = time.monotonic() + self._wait_s
         try:
+            self._follow_primary()
             client = self._redis.get()
             while True:
                 if client.set(key, token, nx=True, px=self._ttl_ms):
@@ -331,6 +359,7 @@ class RedisCoordinator:
     # -- attempt-ended hints: Redis pub/sub, one subscriber thread per process --------------------
     def attempt_ended(self, session_id: str) -> None:
         try:
+            self._follow_primary()
             self._redis.get().publish(self._channel, session_id)
         except Exception as exc:
             if not unavailable(exc):
@@ -352,11 +381,18 @@ class RedisCoordinator:
             holder = _Client(self._target, None, 1.0)
             pubsub = None
             try:
-                pubsub = holder.get().pubsub(ignore_subscribe_messages=True)
+                client = holder.get()
+                pubsub = client.pubsub(ignore_subscribe_messages=True)
                 pubsub.subscribe(self._channel)
+                primary = client.connection_pool.get_master_address() if self.topology == "sentinel" else None
+                checked = time.monotonic()
                 backoff = 0.1
                 while not self._closed.is_set():
-                    message = pubsub.get_message(timeout=1.0)
+                    if primary is not None and time.monotonic() - checked >= SENTINEL_CHECK_S:
+                        checked = time.monotonic()
+                        if client.connection_pool.get_master_address() != primary:
+                            raise redis.ConnectionError("the Sentinel primary moved: resubscribing there")
+                    message = pubsub.get_message(timeout=min(1.0, SENTINEL_CHECK_S))
                     if message and message.get("type") == "message":
                         data = message["data"]
                         self._listeners.notify(data.decode() if isinstance(data, bytes) else str(data))

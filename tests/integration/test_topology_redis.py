@@ -211,6 +211,16 @@ def test_a_cluster_that_is_down_degrades_to_uncoordinated_instead_of_crashing(tm
         t.close()
 
 
+def _scripts_run(port: int) -> int:
+    """EVALSHA/EVAL calls a node served to clients (a replica applies a script's effects, not the call)."""
+    c = redis.Redis(host="127.0.0.1", port=port)
+    try:
+        stats = c.info("commandstats")
+    finally:
+        c.close()
+    return sum(stats.get(f"cmdstat_{name}", {}).get("calls", 0) for name in ("evalsha", "eval"))
+
+
 def _assert_single_flight(summary: dict, counts: dict) -> None:
     print("race:", summary, counts)
     assert counts["compact"] == summary["automatic_attempts"] >= 1  # every acknowledged attempt is one in the log
@@ -223,6 +233,9 @@ def test_single_flight_holds_through_a_cluster_failover(cluster, race_db):
     sid = "cluster-failover"
     lock_key = RedisCoordinator(cluster.url).keys(sid)[0]
 
+    successor = cluster.replica_of(cluster.master_of(lock_key))
+    before = _scripts_run(successor)
+
     def failover(start_at: float) -> tuple[int, int]:
         time.sleep(max(0.0, start_at + 1.0 - time.time()))
         return cluster.failover(lock_key)
@@ -230,8 +243,9 @@ def test_single_flight_holds_through_a_cluster_failover(cluster, race_db):
     summary, counts, (old, new) = run_race(
         race_db, cluster.url, procs=PROCS, duration_s=3.5, session_id=sid, during=failover
     )
-    assert cluster.master_of(lock_key) == new != old
+    assert cluster.master_of(lock_key) == new == successor != old
     _assert_single_flight(summary, counts)
+    assert _scripts_run(new) > before  # locks were held and released on the new master: coordination resumed
 
 
 @pytest.mark.slow
@@ -239,15 +253,19 @@ def test_single_flight_holds_when_the_master_of_the_sessions_slot_is_killed(clus
     sid = "cluster-kill"
     lock_key = RedisCoordinator(cluster.url).keys(sid)[0]
 
+    successor = cluster.replica_of(cluster.master_of(lock_key))
+    before = _scripts_run(successor)
+
     def kill(start_at: float) -> tuple[int, int]:
         time.sleep(max(0.0, start_at + 0.5 - time.time()))
         return cluster.kill_master_of(lock_key)
 
     summary, counts, (old, new) = run_race(
-        race_db, cluster.url, procs=PROCS, duration_s=4.5, session_id=sid, during=kill
+        race_db, cluster.url, procs=PROCS, duration_s=5.0, session_id=sid, during=kill
     )
-    assert cluster.master_of(lock_key) == new != old
+    assert cluster.master_of(lock_key) == new == successor != old
     _assert_single_flight(summary, counts)
+    assert _scripts_run(new) > before  # coordination resumed on the elected replica
     cluster.revive(old)
 
 
@@ -280,13 +298,49 @@ def test_sentinel_locks_and_hints_follow_the_primary(sentinel):
 @pytest.mark.slow
 @pytest.mark.parametrize("how", ["sentinel_failover", "kill_primary"])
 def test_single_flight_holds_through_a_sentinel_failover(sentinel, race_db, how):
+    successor = next(p for p in sentinel.servers if p != sentinel.primary_port() and sentinel.servers[p].alive)
+    before = _scripts_run(successor)
+
     def failover(start_at: float) -> tuple[int, int]:
         time.sleep(max(0.0, start_at + 0.7 - time.time()))
         return sentinel.failover() if how == "sentinel_failover" else sentinel.kill_primary()
 
-    summary, counts, (old, new) = run_race(race_db, sentinel.url, procs=PROCS, duration_s=4.0, during=failover)
-    assert sentinel.primary_port() == new != old
+    summary, counts, (old, new) = run_race(race_db, sentinel.url, procs=PROCS, duration_s=5.0, during=failover)
+    assert sentinel.primary_port() == new == successor != old
     _assert_single_flight(summary, counts)
+    assert _scripts_run(new) > before  # coordination resumed on the promoted replica
+
+
+def test_hints_follow_the_primary_after_a_graceful_sentinel_failover(sentinel):
+    """``SENTINEL FAILOVER`` leaves the old primary answering as one for ~10 s: the subscriber asks
+    Sentinel every second and resubscribes on the new primary well before that."""
+    dead = [p for p, server in sentinel.servers.items() if not server.alive]
+    for port in dead:  # the kill test above left a primary without its replica
+        sentinel.revive(port)
+    listener = RedisCoordinator(sentinel.url, prefix="ct-follow:")
+    heard: list[str] = []
+    stop = listener.listen(heard.append)
+    try:
+        time.sleep(0.5)
+        old, new = sentinel.failover()
+        publisher = RedisCoordinator(sentinel.url, prefix="ct-follow:")  # connects to the new primary
+        t0 = time.monotonic()
+        n = 0
+        while time.monotonic() - t0 < 5 and not heard:
+            publisher.attempt_ended(f"after-{n}")
+            n += 1
+            time.sleep(0.2)
+        publisher.close()
+        assert heard, "no hint arrived after the failover"
+        # the subscription itself moved to the new primary (it would sit on the old one otherwise)
+        c = redis.Redis(host="127.0.0.1", port=new)
+        try:
+            assert dict(c.pubsub_numsub("ct-follow:attempt-ended")) == {b"ct-follow:attempt-ended": 1}
+        finally:
+            c.close()
+    finally:
+        stop()
+        listener.close()
 
 
 @pytest.mark.parametrize("topology", ["cluster", "sentinel"])

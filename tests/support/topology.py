@@ -420,6 +420,13 @@ class SentinelTopology:
         wait_for(lambda: _role(new) == "master" and self.settled(), 30, f"{new} to become primary")
         return old, new
 
+    def revive(self, port: int) -> None:
+        """Start a killed server again, as a replica of the current primary; wait until Sentinel sees it in sync."""
+        primary = self.primary_port()
+        argv = [*_redis_argv(port, self.dir), "--replicaof", LOOPBACK, str(primary)]
+        self.servers[port] = _Proc(argv, port, self.dir / f"{port}.log").start()
+        wait_for(self.ready, 30, f"{port} to replicate {primary}")
+
     def close(self) -> None:
         if self.sentinel is not None:
             self.sentinel.kill()
