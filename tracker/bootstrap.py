@@ -53,7 +53,9 @@ def build_store(
 
     if check_schema:
         create_sqlite_if_missing(settings.database_url)
-    return open_store(settings.database_url, projector=projector, check_schema=check_schema)
+    return open_store(
+        settings.database_url, projector=projector, check_schema=check_schema, pooler=settings.database_pooler
+    )
 
 
 def _sql(store: EventStore, what: str) -> SqlEventStore:

@@ -4,7 +4,7 @@ This module is the only place in the project that reads ``TRACKER_*``. A process
 calls :meth:`Settings.load` once at start and passes the typed sections down:
 
     Settings
-    ├── store          StoreSettings          TRACKER_DATABASE_URL
+    ├── store          StoreSettings          TRACKER_DATABASE_URL, TRACKER_DATABASE_POOLER
     ├── coordination   CoordinationSettings   TRACKER_REDIS_URL, TRACKER_LOCK_TTL_S
     ├── counting       CountingSettings       TRACKER_BROKER_URL, TRACKER_RESULT_BACKEND, TRACKER_COUNT_QUEUE,
     │                                         TRACKER_MODELS_FILE
@@ -128,6 +128,92 @@ def default_database_url(env: Mapping[str, str] | None = None) -> str:
     return "sqlite:///" + (user_data_dir(env) / "tracker.db").as_posix()
 
 
+REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster", "redis+sentinel", "rediss+sentinel")
+
+
+@dataclasses.dataclass(frozen=True)
+class RedisTarget:
+    """What a ``TRACKER_REDIS_URL`` points at (parsed by :func:`parse_redis_url`; credentials kept out of repr).
+
+    ``kind``: ``single`` (``redis://``, ``rediss://``, ``unix://``: ``url`` is handed to the client as it is),
+    ``cluster`` (``nodes`` are startup nodes) or ``sentinel`` (``nodes`` are the sentinels, ``service``
+    the monitored primary's name).
+    """
+
+    kind: Literal["single", "cluster", "sentinel"]
+    url: str = dataclasses.field(repr=False)
+    nodes: tuple[tuple[str, int], ...] = ()
+    service: str | None = None
+    ssl: bool = False
+    db: int = 0
+    username: str | None = dataclasses.field(default=None, repr=False)
+    password: str | None = dataclasses.field(default=None, repr=False)
+
+
+def parse_redis_url(url: str) -> RedisTarget:
+    """Parse a Redis URL of one of ``REDIS_SCHEMES``; ``ValueError`` says what is wrong (never the password).
+
+    ``redis+cluster://[user:password@]host:port[,host:port…][/0]``: any reachable node will do, the
+    client learns the others. ``redis+sentinel://[user:password@]host:port[,host:port…]/service[/db]``:
+    the credentials are the primary's (the sentinels are asked without). ``rediss+…``: TLS to every node.
+    """
+    from urllib.parse import unquote
+
+    scheme, sep, rest = url.partition("://")
+    scheme = scheme.lower()
+    if not sep or scheme not in REDIS_SCHEMES:
+        raise ValueError(
+            f"unknown scheme {scheme if sep else url[:20]!r}: use one of " + ", ".join(f"{s}://" for s in REDIS_SCHEMES)
+        )
+    if scheme in ("redis", "rediss", "unix"):
+        if scheme != "unix":
+            _nodes(rest.split("/", 1)[0].rsplit("@", 1)[-1] or "localhost", 6379, allow_many=False)
+        return RedisTarget("single", url, ssl=scheme == "rediss")
+    netloc, _, path = rest.partition("/")
+    path, _, _query = path.partition("?")
+    username = password = None
+    if "@" in netloc:
+        creds, netloc = netloc.rsplit("@", 1)
+        user, has_password, secret = creds.partition(":")
+        username, password = (unquote(user) or None), (unquote(secret) if has_password else None)
+    ssl = scheme.startswith("rediss")
+    if scheme.endswith("+cluster"):
+        nodes = _nodes(netloc, 6379)
+        if path.strip("/") not in ("", "0"):
+            raise ValueError(f"a Redis Cluster has only database 0, got /{path}")
+        return RedisTarget("cluster", url, nodes, ssl=ssl, username=username, password=password)
+    nodes = _nodes(netloc, 26379)
+    parts = [p for p in path.split("/") if p]
+    if not parts or len(parts) > 2:
+        raise ValueError("a Sentinel URL names the primary's service: redis+sentinel://host:port[,host:port…]/service")
+    db = 0
+    if len(parts) == 2:
+        if not parts[1].isdigit():
+            raise ValueError(f"the database after the service name must be a number, got {parts[1]!r}")
+        db = int(parts[1])
+    return RedisTarget(
+        "sentinel", url, nodes, service=unquote(parts[0]), ssl=ssl, db=db, username=username, password=password
+    )
+
+
+def _nodes(netloc: str, default_port: int, allow_many: bool = True) -> tuple[tuple[str, int], ...]:
+    items = netloc.split(",") if allow_many else [netloc]
+    nodes = []
+    for item in items:
+        item = item.strip()
+        if item.startswith("["):  # [v6]:port
+            host, _, tail = item[1:].partition("]")
+            port_text = tail[1:] if tail.startswith(":") else ""
+        else:
+            host, _, port_text = item.partition(":") if item.count(":") <= 1 else (item, "", "")
+        if not host:
+            raise ValueError("a node without a host: give host:port[,host:port…]")
+        if port_text and not (port_text.isdigit() and 0 < int(port_text) < 65536):
+            raise ValueError(f"not a port: {port_text!r} (node {host})")
+        nodes.append((host, int(port_text) if port_text else default_port))
+    return tuple(nodes)
+
+
 class StoreSettings(Section):
     database_url: str = Field(
         default_factory=default_database_url,
@@ -135,16 +221,33 @@ class StoreSettings(Section):
         "file in the per-user data directory, see `tracker info`)",
         json_schema_extra={"doc_default": DEFAULT_DATABASE_DOC},
     )
+    database_pooler: Literal["none", "transaction"] = Field(
+        "none",
+        description="`transaction`: the database URL is a transaction pooler (PgBouncer `pool_mode = transaction`): "
+        "no server-side prepared statements",
+    )
 
     def model_post_init(self, _: Any) -> None:
         object.__setattr__(self, "database_url", normalize_database_url(self.database_url))
 
 
 class CoordinationSettings(Section):
-    redis_url: str | None = Field(None, description="Redis for cross-process coordination (none: in-process locks)")
+    redis_url: str | None = Field(
+        None,
+        description="Redis for cross-process coordination: `redis://`, `rediss://`, `unix://`, "
+        "`redis+cluster://host:port[,host:port…]`, `redis+sentinel://host:port[,…]/service` (and `rediss+…`); "
+        "none: in-process locks",
+    )
     lock_ttl_s: float = Field(
         5.0, gt=0, allow_inf_nan=False, description="time to live of a Redis session lock, seconds"
     )
+
+    @field_validator("redis_url")
+    @classmethod
+    def _valid_redis_url(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_redis_url(value)  # a ValueError names what is wrong; Settings.load names the variable
+        return value
 
 
 class CountingSettings(Section):
@@ -307,7 +410,10 @@ class Settings(BaseModel):
 
 def _problem(err: Mapping[str, Any]) -> str:
     value = err.get("input")
-    return f"{err.get('msg', 'invalid value')}, got {value!r}" if isinstance(value, str) else str(err.get("msg"))
+    if isinstance(value, str):
+        msg = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
+        return f"{msg}, got {mask(value) if '://' in value else value!r}"
+    return str(err.get("msg"))
 
 
 def _env_text(value: Any) -> str:

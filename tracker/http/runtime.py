@@ -297,12 +297,12 @@ class Runtime:
         if self._redis is None:
             with self._lock:
                 if self._redis is None:
-                    import redis
+                    from tracker.coordination import redis_client
 
                     url = self.settings.coordination.redis_url
                     if url is None:
                         raise InvalidSetting("TRACKER_REDIS_URL", "is not set: there is no Redis to check")
-                    self._redis = redis.Redis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0)
+                    self._redis = redis_client(url, socket_timeout=1.0, connect_timeout=1.0)
         return self._redis
 
     def close(self) -> None:

@@ -12,6 +12,15 @@ transaction takes the database's single write lock before it reads anything.
 on every checkout would cost a round trip per append). A failure on a hot connection
 is handled by the store (see ``tracker.store.postgres``).
 
+*Behind a transaction pooler* (``pooler="transaction"``, ``TRACKER_DATABASE_POOLER``: PgBouncer
+with ``pool_mode = transaction``): psycopg's ``prepare_threshold`` is None, so no statement is
+ever prepared on the server (it wins over the store's ``prepare=True``): a prepared statement
+lives on one server connection, and the pooler hands the next transaction another one
+(``prepared statement "_pg3_0" already exists`` / ``does not exist``). Nothing else the store
+does needs a session: every statement is autocommit or inside one transaction, no ``SET``,
+``LISTEN``, temporary table or ``WITH HOLD`` cursor; the advisory lock ``ct_append`` takes is
+released inside the same statement (see docs/topologies.md).
+
 URLs are normalised by ``tracker.settings.normalize_database_url`` (``postgres://``
 and ``postgresql://`` get the psycopg driver), the project's only URL normaliser.
 """
@@ -34,16 +43,25 @@ from tracker.store.base import DEFAULT_MAX_EVENT_BYTES, Projector
 from tracker.store.postgres import PG_PING_IDLE_S
 from tracker.store.sql import SqlEventStore
 
-__all__ = ["make_engine", "open_store"]
+__all__ = ["POOLERS", "make_engine", "open_store"]
+
+#: ``TRACKER_DATABASE_POOLER`` values: what sits between the tracker and PostgreSQL
+POOLERS = ("none", "transaction")
 
 
-def make_engine(url: str) -> Engine:
-    """An engine configured for the store: psycopg + idle pings on PostgreSQL, WAL + BEGIN IMMEDIATE on SQLite."""
+def make_engine(url: str, *, pooler: str = "none") -> Engine:
+    """An engine configured for the store: psycopg + idle pings on PostgreSQL, WAL + BEGIN IMMEDIATE on SQLite.
+
+    ``pooler="transaction"``: PostgreSQL is reached through a transaction pooler (no server-side
+    prepared statements). Ignored for SQLite.
+    """
+    if pooler not in POOLERS:
+        raise InvalidInput("database_pooler", f"must be one of {', '.join(POOLERS)}, got {pooler!r}")
     url = normalize_database_url(url)
     if url.startswith("sqlite"):
         return _sqlite_engine(url)
     if url.startswith("postgresql"):
-        return _postgres_engine(url)
+        return _postgres_engine(url, pooler)
     raise InvalidInput(
         "database_url", f"unsupported database URL {url.split(':', 1)[0]!r} (use sqlite:/// or postgresql://)"
     )
@@ -92,14 +110,11 @@ def _ensure_wal(cur: Any) -> None:
             time.sleep(0.01 + random.random() * 0.04)
 
 
-def _postgres_engine(url: str) -> Engine:
-    engine = create_engine(
-        url,
-        pool_size=5,
-        max_overflow=10,
-        pool_recycle=1800,
-        connect_args={"connect_timeout": 5, "application_name": "context-tracker"},
-    )
+def _postgres_engine(url: str, pooler: str = "none") -> Engine:
+    connect_args: dict[str, Any] = {"connect_timeout": 5, "application_name": "context-tracker"}
+    if pooler == "transaction":
+        connect_args["prepare_threshold"] = None  # never prepare: the next transaction may get another backend
+    engine = create_engine(url, pool_size=5, max_overflow=10, pool_recycle=1800, connect_args=connect_args)
     dialect = engine.dialect
 
     # Pessimistic disconnect handling, like pool_pre_ping, but only for connections
@@ -131,11 +146,15 @@ def open_store(
     projector: Projector | None = None,
     check_schema: bool = True,
     max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
+    pooler: str = "none",
 ) -> SqlEventStore:
-    """Open the event store at ``url``. Refuses a missing/older schema (SchemaOutOfDate) unless check_schema=False."""
+    """Open the event store at ``url``. Refuses a missing/older schema (SchemaOutOfDate) unless check_schema=False.
+
+    ``pooler``: ``TRACKER_DATABASE_POOLER`` (``"transaction"`` behind PgBouncer in transaction mode).
+    """
     if not isinstance(max_event_bytes, int) or max_event_bytes <= 0:
         raise InvalidInput("max_event_bytes", "must be a positive integer")
-    engine = make_engine(url)
+    engine = make_engine(url, pooler=pooler)
     try:
         if check_schema:
             migrate.check_schema(engine)

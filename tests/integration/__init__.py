@@ -1,0 +1,1 @@
+"""Integration tests: real servers and topologies started on loopback."""

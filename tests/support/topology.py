@@ -1,0 +1,779 @@
+"""Production topologies started for real on loopback: Redis Cluster, Redis Sentinel, PgBouncer.
+
+Each is a context manager that starts the machine's own programs (``redis-server``,
+``redis-cli``, ``pgbouncer``) on free 127.0.0.1 ports in a temporary directory, waits until the
+topology is usable, and stops every process it started on exit. Redis runs with
+``--save "" --appendonly no``. :func:`missing` names a program that is not installed, for a
+``pytest.skip`` with the reason.
+
+Also here: the race the topology tests run (:func:`racer`, :func:`run_race`, :func:`check_log`):
+N processes observing one session until a deadline, recording every write the tracker
+acknowledged, then the log checked: at most one automatic attempt per basis, never two open
+at once, versions gap-free, the projection equal to the fold (``tracker verify``'s function),
+and every acknowledged write found in the log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import multiprocessing as mp
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from tracker.bench.procs import free_port
+
+__all__ = [
+    "PgBouncer",
+    "RedisClusterTopology",
+    "SentinelTopology",
+    "check_log",
+    "missing",
+    "run_race",
+    "scratch_database",
+    "terminate_backends",
+]
+
+LOOPBACK = "127.0.0.1"
+
+
+def missing(*programs: str) -> str | None:
+    """The first of ``programs`` not on PATH (also looked for in /usr/sbin), else None."""
+    for program in programs:
+        if shutil.which(program) is None and not Path("/usr/sbin", program).exists():
+            return program
+    return None
+
+
+def _program(name: str) -> str:
+    return shutil.which(name) or str(Path("/usr/sbin", name))
+
+
+def wait_port(port: int, timeout_s: float = 10.0, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process on port {port} exited with {proc.returncode}")
+        try:
+            with socket.create_connection((LOOPBACK, port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.02)
+    raise RuntimeError(f"nothing listens on {LOOPBACK}:{port} after {timeout_s}s")
+
+
+def wait_for(check: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            if check():
+                return
+        except Exception as exc:  # noqa: BLE001 - a server still starting or failing over
+            last = exc
+        time.sleep(0.05)
+    raise RuntimeError(f"timed out after {timeout_s}s waiting for {what} (last error: {last})")
+
+
+def _free_port_pair() -> tuple[int, int]:
+    """Two free ports (a cluster node's client port and its bus port)."""
+    while True:
+        a, b = free_port(), free_port()
+        if a != b:
+            return a, b
+
+
+class _Proc:
+    def __init__(self, argv: list[str], port: int, log: Path) -> None:
+        self.argv, self.port, self.log = argv, port, log
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> _Proc:
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        wait_port(self.port, proc=self.proc)
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL: the process gets no chance to hand anything over."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+        self.proc = None
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+def _redis_argv(port: int, workdir: Path, *extra: str) -> list[str]:
+    return [
+        "redis-server",
+        "--port",
+        str(port),
+        "--bind",
+        LOOPBACK,
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--dir",
+        str(workdir),
+        "--repl-diskless-sync-delay",
+        "0",  # a replica syncs at once, not after the default 5 s
+        *extra,
+    ]
+
+
+def _client(port: int, **kw: Any) -> Any:
+    import redis
+
+    return redis.Redis(host=LOOPBACK, port=port, socket_timeout=2.0, socket_connect_timeout=1.0, **kw)
+
+
+# -- Redis Cluster ------------------------------------------------------------------------------------
+
+
+class RedisClusterTopology:
+    """``masters`` masters with ``replicas`` replicas each, formed by ``redis-cli --cluster create``.
+
+    ``cluster-node-timeout`` is 1 s, so a killed master's replica takes over within a few seconds.
+    """
+
+    def __init__(self, masters: int = 3, replicas: int = 1, node_timeout_ms: int = 1000) -> None:
+        self.masters, self.replicas, self.node_timeout_ms = masters, replicas, node_timeout_ms
+        self.dir = Path(tempfile.mkdtemp(prefix="ct-cluster-"))
+        self.nodes: dict[int, _Proc] = {}
+
+    @property
+    def url(self) -> str:
+        ports = sorted(self.nodes)[: self.masters]
+        return "redis+cluster://" + ",".join(f"{LOOPBACK}:{p}" for p in ports)
+
+    def __enter__(self) -> RedisClusterTopology:
+        try:
+            self.start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def start(self) -> None:
+        for _ in range(self.masters * (1 + self.replicas)):
+            port, bus = _free_port_pair()
+            workdir = self.dir / str(port)
+            workdir.mkdir()
+            argv = _redis_argv(
+                port,
+                workdir,
+                "--cluster-enabled",
+                "yes",
+                "--cluster-port",
+                str(bus),
+                "--cluster-config-file",
+                "nodes.conf",
+                "--cluster-node-timeout",
+                str(self.node_timeout_ms),
+                "--appendfsync",
+                "no",
+            )
+            self.nodes[port] = _Proc(argv, port, workdir / "redis.log").start()
+        subprocess.run(
+            [
+                "redis-cli",
+                "--cluster",
+                "create",
+                *(f"{LOOPBACK}:{p}" for p in self.nodes),
+                "--cluster-replicas",
+                str(self.replicas),
+                "--cluster-yes",
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=60,
+        )
+        wait_for(self.healthy, 30, "the cluster to converge")
+
+    def healthy(self) -> bool:
+        """Every live node says ``cluster_state:ok``, knows the same masters, and every replica is in sync."""
+        masters = set()
+        for port, node in self.nodes.items():
+            if not node.alive:
+                continue
+            c = _client(port)
+            try:
+                if c.execute_command("CLUSTER INFO").get("cluster_state") != "ok":
+                    return False
+                info = c.info("replication")
+                if info["role"] == "slave" and info.get("master_link_status") != "up":
+                    return False
+                if info["role"] == "master":
+                    masters.add(port)
+            finally:
+                c.close()
+        return len(masters) == self.masters
+
+    def _nodes_view(self, port: int) -> list[dict[str, Any]]:
+        c = _client(port)
+        try:
+            nodes = c.execute_command("CLUSTER NODES")  # parsed by redis-py: {"host:port": {...}}
+        finally:
+            c.close()
+        return [
+            {
+                "id": info["node_id"],
+                "port": port if "myself" in info["flags"] else int(addr.rsplit(":", 1)[1]),
+                "flags": info["flags"].split(","),
+                "master_id": info["master_id"],
+                "slots": info["slots"],
+            }
+            for addr, info in nodes.items()
+        ]
+
+    def _any_live(self) -> int:
+        return next(p for p, n in self.nodes.items() if n.alive)
+
+    def master_of(self, key: str) -> int:
+        """The port of the master serving ``key``'s slot now."""
+        c = _client(self._any_live())
+        try:
+            slot = int(c.execute_command("CLUSTER KEYSLOT", key))
+        finally:
+            c.close()
+        for node in self._nodes_view(self._any_live()):
+            if "master" not in node["flags"] or "fail" in node["flags"]:
+                continue
+            for lo, *hi in node["slots"]:
+                if int(lo) <= slot <= int(hi[0] if hi else lo):
+                    return node["port"]
+        raise RuntimeError(f"no master serves slot {slot}")
+
+    def replica_of(self, master_port: int) -> int:
+        """A live, in-sync replica of the master (as the master itself reports it)."""
+        c = _client(master_port)
+        try:
+            info = c.info("replication")
+        finally:
+            c.close()
+        for i in range(int(info.get("connected_slaves", 0))):
+            replica = info[f"slave{i}"]
+            if replica.get("state") == "online" and int(replica["port"]) in self.nodes:
+                return int(replica["port"])
+        raise RuntimeError(f"master {master_port} has no in-sync replica")
+
+    def failover(self, key: str) -> tuple[int, int]:
+        """``CLUSTER FAILOVER`` on the replica of ``key``'s master (a graceful hand-over); (old, new) ports."""
+        old = self.master_of(key)
+        new = self.replica_of(old)
+        c = _client(new)
+        try:
+            c.execute_command("CLUSTER FAILOVER")
+        finally:
+            c.close()
+        wait_for(lambda: self.master_of(key) == new and self.healthy(), 30, f"replica {new} to take over")
+        return old, new
+
+    def kill_master_of(self, key: str, wait: bool = True) -> tuple[int, int]:
+        """SIGKILL the master of ``key``'s slot; wait until its replica serves the slot. (old, new) ports."""
+        old = self.master_of(key)
+        new = self.replica_of(old)
+        self.nodes[old].kill()
+        if wait:
+            wait_for(lambda: self.master_of(key) == new, 30, f"replica {new} to be elected")
+        return old, new
+
+    def revive(self, port: int) -> None:
+        """Start a killed node again (same port, same ``nodes.conf``): it rejoins as a replica."""
+        self.nodes[port].start()
+        wait_for(self.healthy, 30, f"node {port} to rejoin")
+
+    def close(self) -> None:
+        for node in self.nodes.values():
+            node.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+# -- Redis Sentinel -----------------------------------------------------------------------------------
+
+
+class SentinelTopology:
+    """A primary, ``replicas`` replicas and one Sentinel (quorum 1) monitoring them as ``service``."""
+
+    def __init__(self, service: str = "ctprimary", replicas: int = 1, down_after_ms: int = 1000) -> None:
+        self.service, self.replicas, self.down_after_ms = service, replicas, down_after_ms
+        self.dir = Path(tempfile.mkdtemp(prefix="ct-sentinel-"))
+        self.servers: dict[int, _Proc] = {}
+        self.sentinel: _Proc | None = None
+        self.sentinel_port = 0
+
+    @property
+    def url(self) -> str:
+        return f"redis+sentinel://{LOOPBACK}:{self.sentinel_port}/{self.service}"
+
+    def __enter__(self) -> SentinelTopology:
+        try:
+            self.start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def start(self) -> None:
+        primary = free_port()
+        self.servers[primary] = _Proc(_redis_argv(primary, self.dir), primary, self.dir / f"{primary}.log").start()
+        for _ in range(self.replicas):
+            port = free_port()
+            argv = _redis_argv(port, self.dir, "--replicaof", LOOPBACK, str(primary))
+            self.servers[port] = _Proc(argv, port, self.dir / f"{port}.log").start()
+        self.sentinel_port = free_port()
+        conf = self.dir / "sentinel.conf"  # Sentinel rewrites its own file: it must be writable
+        conf.write_text(
+            f"port {self.sentinel_port}\n"
+            f"bind {LOOPBACK}\n"
+            f"dir {self.dir}\n"
+            f"sentinel monitor {self.service} {LOOPBACK} {primary} 1\n"
+            f"sentinel down-after-milliseconds {self.service} {self.down_after_ms}\n"
+            f"sentinel failover-timeout {self.service} 10000\n"
+            f"sentinel parallel-syncs {self.service} 1\n"
+        )
+        self.sentinel = _Proc(
+            ["redis-server", str(conf), "--sentinel"], self.sentinel_port, self.dir / "sentinel.log"
+        ).start()
+        wait_for(self.ready, 30, "the sentinel to see the primary and an in-sync replica")
+
+    def primary_port(self) -> int:
+        c = _client(self.sentinel_port)
+        try:
+            _host, port = c.execute_command("SENTINEL GET-MASTER-ADDR-BY-NAME", self.service)
+        finally:
+            c.close()
+        return int(port)
+
+    def settled(self) -> bool:
+        """The sentinel sees its primary up, with no failover in progress."""
+        c = _client(self.sentinel_port)
+        try:
+            flags = c.sentinel_masters()[self.service]
+        finally:
+            c.close()
+        return (
+            not (flags.get("is_sdown") or flags.get("is_odown") or flags.get("is_disconnected"))
+            and bool(flags.get("is_master"))
+            and "failover_in_progress" not in str(flags.get("flags", ""))
+        )
+
+    def ready(self) -> bool:
+        c = _client(self.sentinel_port)
+        try:
+            replicas = c.execute_command("SENTINEL REPLICAS", self.service)
+        finally:
+            c.close()
+        ok = 0
+        for raw in replicas:  # parsed by redis-py: one dict per replica
+            fields = {_text(k): _text(v) for k, v in raw.items()}
+            if "s_down" not in fields.get("flags", "") and fields.get("master-link-status") == "ok":
+                ok += 1
+        primary = self.primary_port()
+        p = _client(primary)
+        try:
+            role = p.info("replication")["role"]
+        finally:
+            p.close()
+        return ok >= 1 and role == "master"
+
+    def failover(self) -> tuple[int, int]:
+        """``SENTINEL FAILOVER``: the primary is demoted, a replica promoted. (old, new) ports."""
+        old = self.primary_port()
+        c = _client(self.sentinel_port)
+        try:
+            c.execute_command("SENTINEL FAILOVER", self.service)
+        finally:
+            c.close()
+        wait_for(lambda: self.primary_port() != old, 30, "the sentinel to promote a replica")
+        new = self.primary_port()
+        wait_for(lambda: _role(new) == "master" and self.settled(), 30, f"{new} to become primary")
+        return old, new
+
+    def kill_primary(self) -> tuple[int, int]:
+        """SIGKILL the primary; wait until Sentinel has promoted a replica. (old, new) ports."""
+        old = self.primary_port()
+        self.servers[old].kill()
+        wait_for(lambda: self.primary_port() != old, 30, "the sentinel to promote a replica")
+        new = self.primary_port()
+        wait_for(lambda: _role(new) == "master" and self.settled(), 30, f"{new} to become primary")
+        return old, new
+
+    def revive(self, port: int) -> None:
+        """Start a killed server again, as a replica of the current primary; wait until Sentinel sees it in sync."""
+        primary = self.primary_port()
+        argv = [*_redis_argv(port, self.dir), "--replicaof", LOOPBACK, str(primary)]
+        self.servers[port] = _Proc(argv, port, self.dir / f"{port}.log").start()
+        wait_for(self.ready, 30, f"{port} to replicate {primary}")
+
+    def close(self) -> None:
+        if self.sentinel is not None:
+            self.sentinel.kill()
+        for server in self.servers.values():
+            server.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _role(port: int) -> str:
+    c = _client(port)
+    try:
+        return str(c.info("replication")["role"])
+    finally:
+        c.close()
+
+
+# -- PgBouncer ----------------------------------------------------------------------------------------
+
+
+class PgBouncer:
+    """PgBouncer in front of a PostgreSQL server, every database name passed through (``* = …``).
+
+    ``pool_mode`` ``transaction`` by default, ``auth_type = trust``, a small pool so transactions
+    of different clients share server connections. As root it runs as ``user = postgres``
+    (PgBouncer refuses to run as root otherwise), so its directory is handed to that user.
+    """
+
+    def __init__(
+        self,
+        pg_host: str = LOOPBACK,
+        pg_port: int = 5432,
+        *,
+        pool_mode: str = "transaction",
+        pool_size: int = 4,
+        user: str = "postgres",
+    ) -> None:
+        self.pg_host, self.pg_port, self.pool_mode, self.pool_size, self.user = (
+            pg_host,
+            pg_port,
+            pool_mode,
+            pool_size,
+            user,
+        )
+        self.dir = Path(tempfile.mkdtemp(prefix="ct-pgbouncer-"))
+        self.port = free_port()
+        self.proc: _Proc | None = None
+
+    def url(self, database: str, user: str = "postgres") -> str:
+        """A SQLAlchemy URL (psycopg 3) of ``database`` through this PgBouncer."""
+        return f"postgresql+psycopg://{user}@{LOOPBACK}:{self.port}/{database}"
+
+    def __enter__(self) -> PgBouncer:
+        try:
+            self.start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _write_config(self) -> Path:
+        ini = self.dir / "pgbouncer.ini"
+        (self.dir / "userlist.txt").write_text(f'"{self.user}" ""\n')
+        lines = [
+            "[databases]",
+            f"* = host={self.pg_host} port={self.pg_port}",
+            "",
+            "[pgbouncer]",
+            f"listen_addr = {LOOPBACK}",
+            f"listen_port = {self.port}",
+            "unix_socket_dir =",
+            "auth_type = trust",
+            f"auth_file = {self.dir / 'userlist.txt'}",
+            f"pool_mode = {self.pool_mode}",
+            f"default_pool_size = {self.pool_size}",
+            "max_client_conn = 500",
+            f"admin_users = {self.user}",
+            f"logfile = {self.dir / 'pgbouncer.log'}",
+            f"pidfile = {self.dir / 'pgbouncer.pid'}",
+            "server_login_retry = 1",
+            "ignore_startup_parameters = extra_float_digits",
+        ]
+        if os.geteuid() == 0:
+            lines.append(f"user = {self.user}")
+        ini.write_text("\n".join(lines) + "\n")
+        if os.geteuid() == 0:
+            import pwd
+
+            pw = pwd.getpwnam(self.user)
+            for path in (self.dir, *self.dir.iterdir()):
+                os.chown(path, pw.pw_uid, pw.pw_gid)
+        return ini
+
+    def start(self) -> PgBouncer:
+        ini = self._write_config()
+        self.proc = _Proc([_program("pgbouncer"), str(ini)], self.port, self.dir / "stdout.log").start()
+        return self
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            (self.dir / "pgbouncer.pid").unlink(missing_ok=True)
+
+    def restart(self, down_s: float = 0.3) -> None:
+        """SIGKILL PgBouncer (every client and server connection drops), then start it on the same port."""
+        self.kill()
+        time.sleep(down_s)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                self.start()
+                return
+            except RuntimeError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+    def log(self) -> str:
+        path = self.dir / "pgbouncer.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def close(self) -> None:
+        self.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def terminate_backends(admin_libpq_url: str, database: str) -> int:
+    """``pg_terminate_backend`` every server connection to ``database`` (PgBouncer's, under it); how many."""
+    import psycopg
+
+    with psycopg.connect(admin_libpq_url, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+            (database,),
+        ).fetchall()
+    return sum(1 for (ok,) in rows if ok)
+
+
+# -- the race -----------------------------------------------------------------------------------------
+
+LIMIT = 1000
+
+
+def _measurement(basis: str, used: int) -> dict:
+    return {
+        "basis": basis,
+        "input_tokens": used,
+        "input_limit": LIMIT,
+        "quality": "exact_local",
+        "model": {"provider": "openai", "name": "gpt-4o"},
+        "fingerprint": hashlib.sha256(basis.encode()).hexdigest(),
+    }
+
+
+def racer(
+    db_url: str,
+    redis_url: str | None,
+    pooler: str,
+    session_id: str,
+    seed: int,
+    duration_s: float,
+    ready: Any,
+    go: Any,
+    results: Any,
+) -> None:
+    """Connect, say ``ready``, wait for ``go``, then observe ``session_id`` for ``duration_s``;
+    commit or reject every attempt opened; put the outcome on ``results``.
+
+    Returns the counts and every acknowledged write: ``measured`` (basis, version) pairs,
+    ``started``/``committed``/``rejected`` attempt ids. An unavailable store or Redis is
+    counted (``unavailable``) and the loop goes on: only answers count as acknowledged.
+    """
+    from tracker.coordination import LocalCoordinator, RedisCoordinator
+    from tracker.core import Policy, SessionProjector
+    from tracker.errors import AttemptError, ContextLimitError, StaleBasis, StoreUnavailable
+    from tracker.service import Tracker
+    from tracker.store import open_store
+
+    rng = random.Random(seed)
+    coordinator = RedisCoordinator(redis_url, ttl_s=2.0, wait_s=2.0) if redis_url else LocalCoordinator()
+    t = Tracker(
+        open_store(db_url, projector=SessionProjector(), pooler=pooler),
+        coordinator=coordinator,
+        policy=Policy(attempt_lease_s=5.0, max_automatic_per_episode=3),
+    )
+    counts = {"compact": 0, "proceed": 0, "wait": 0, "context_limit": 0, "stale": 0, "attempt_errors": 0}
+    counts["unavailable"] = 0
+    acked: dict[str, list[Any]] = {"measured": [], "started": [], "committed": [], "rejected": []}
+    errors: list[str] = []
+    try:
+        t.state(session_id)  # connected (and Redis resolved) before the start
+        ready.put(seed)
+        go.wait(120)
+        until = time.monotonic() + duration_s
+        while time.monotonic() < until:
+            try:
+                revision = t.state(session_id).revision
+                used = rng.choice([rng.randint(300, 790), rng.randint(800, 999), LIMIT, LIMIT + rng.randint(0, 50)])
+                basis = f"r{revision}:t{rng.randint(0, 5)}"  # few bases: processes race on the same ones
+                try:
+                    r = t.observe(session_id, measurement=_measurement(basis, used))
+                except ContextLimitError:
+                    counts["context_limit"] += 1
+                    continue
+                except StaleBasis:
+                    counts["stale"] += 1
+                    continue
+                counts[r.action] += 1
+                acked["measured"].append((basis, r.version))
+                if r.action == "compact":
+                    a = r.attempt
+                    acked["started"].append(a.attempt_id)
+                    try:
+                        if rng.random() < 0.5:
+                            t.commit(session_id, a.attempt_id, a.fencing_token, tokens_after=rng.randint(100, 400))
+                            acked["committed"].append(a.attempt_id)
+                        else:
+                            t.reject(session_id, a.attempt_id, a.fencing_token, "execution_failed")
+                            acked["rejected"].append(a.attempt_id)
+                    except AttemptError:
+                        counts["attempt_errors"] += 1
+            except StoreUnavailable as exc:
+                counts["unavailable"] += 1
+                if len(errors) < 5:
+                    errors.append(str(exc))
+                time.sleep(0.05)
+    finally:
+        t.close()
+    results.put({"counts": counts, "acked": acked, "errors": errors})
+
+
+def check_log(db_url: str, session_id: str, results: list[dict]) -> dict:
+    """The log's invariants after a race, and every acknowledged write in it; a summary."""
+    from tracker.core import SessionProjector, fold
+    from tracker.core.events import (
+        CompactionCommitted,
+        CompactionRejected,
+        CompactionStarted,
+        ContextMeasured,
+        event_from_data,
+    )
+    from tracker.core.state import SessionState, apply
+    from tracker.store import open_store, verify_projections
+
+    store = open_store(db_url, projector=SessionProjector())
+    try:
+        stored = list(store.read_stream(session_id))
+        events = [event_from_data(e.type, e.data) for e in stored]
+        versions = [e.version for e in stored]
+        assert versions == list(range(1, len(versions) + 1)), "versions must be gap-free"
+        seen_bases: set[str] = set()
+        state = SessionState(session_id=session_id)
+        max_open_auto = automatic = 0
+        for e in events:
+            if isinstance(e, CompactionStarted) and e.reason == "automatic":
+                assert e.basis not in seen_bases, f"second automatic attempt on basis {e.basis}"
+                seen_bases.add(e.basis)
+                automatic += 1
+            state = apply(state, e)
+            max_open_auto = max(max_open_auto, sum(1 for a in state.open_attempts if a.automatic))
+        assert max_open_auto <= 1, "two automatic attempts open at once"
+        assert fold(events, session_id) == state
+        assert verify_projections(store, SessionProjector()) == [], "projection differs from the fold"
+
+        measured = {e.measurement["basis"] for e in events if isinstance(e, ContextMeasured)}
+        started = {e.attempt_id for e in events if isinstance(e, CompactionStarted)}
+        committed = {e.attempt_id for e in events if isinstance(e, CompactionCommitted)}
+        rejected = {e.attempt_id for e in events if isinstance(e, CompactionRejected)}
+        lost = []
+        acked_writes = 0
+        for result in results:
+            acked = result["acked"]
+            acked_writes += sum(len(v) for v in acked.values())
+            lost += [("measured", b, v) for b, v in acked["measured"] if b not in measured or v > len(versions)]
+            lost += [("started", a) for a in acked["started"] if a not in started]
+            lost += [("committed", a) for a in acked["committed"] if a not in committed]
+            lost += [("rejected", a) for a in acked["rejected"] if a not in rejected]
+        assert lost == [], f"acknowledged writes missing from the log: {lost[:5]}"
+        return {
+            "events": len(events),
+            "automatic_attempts": automatic,
+            "revision": state.revision,
+            "acknowledged_writes": acked_writes,
+        }
+    finally:
+        store.close()
+
+
+def run_race(
+    db_url: str,
+    redis_url: str | None,
+    *,
+    procs: int = 6,
+    duration_s: float = 4.0,
+    pooler: str = "none",
+    session_id: str | None = None,
+    during: Callable[[float], Any] | None = None,
+) -> tuple[dict, dict, Any]:
+    """``procs`` racer processes for ``duration_s`` on one session, all starting together once
+    every one has connected; ``during(start_at)`` runs in this process meanwhile.
+
+    Returns (log summary, summed counts, what ``during`` returned).
+    """
+    session_id = session_id or f"topo-{uuid.uuid4().hex[:8]}"
+    # fork: a racer starts in milliseconds, not after seconds of imports on a loaded machine; each
+    # builds its own store and coordinator after the fork, so no connection is shared
+    ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+    ready, results, go = ctx.Queue(), ctx.Queue(), ctx.Event()
+    workers = [
+        ctx.Process(target=racer, args=(db_url, redis_url, pooler, session_id, seed, duration_s, ready, go, results))
+        for seed in range(procs)
+    ]
+    for w in workers:
+        w.start()
+    try:
+        for _ in workers:
+            ready.get(timeout=120)
+        go.set()
+        happened = during(time.time()) if during is not None else None
+        outcomes = [results.get(timeout=120) for _ in workers]
+    finally:
+        for w in workers:
+            w.join(30)
+            if w.is_alive():  # pragma: no cover - a racer stuck: never leave it behind
+                w.kill()
+    counts: dict[str, int] = {}
+    for r in outcomes:
+        for k, v in r["counts"].items():
+            counts[k] = counts.get(k, 0) + v
+    summary = check_log(db_url, session_id, outcomes)
+    summary["errors"] = [e for r in outcomes for e in r["errors"]][:3]
+    return summary, counts, happened
+
+
+@contextlib.contextmanager
+def scratch_database(admin_libpq_url: str, prefix: str = "ct_topo") -> Iterator[tuple[str, str]]:
+    """A fresh database on the server (created directly, not through a pooler): (name, libpq url); dropped after."""
+    from tracker.bench.procs import create_scratch_db, drop_scratch_db
+
+    name, url = create_scratch_db(admin_libpq_url, prefix)
+    try:
+        yield name, url
+    finally:
+        drop_scratch_db(admin_libpq_url, name)
