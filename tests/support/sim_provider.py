@@ -214,7 +214,12 @@ class SimProvider:
 
 # -- realistic requests ----------------------------------------------------------------------
 
-_ENGLISH = (
+
+def _vocab(words: str) -> list[str]:
+    return words.split()
+
+
+_ENGLISH = _vocab(
     "the of and to in is that it for as with was on be by this are or from at which an have not "
     "but all they their more one can has been would will there if about when what so up out other "
     "into than them these some could time only new also people use may after first two work because "
@@ -224,25 +229,25 @@ _ENGLISH = (
     "configuration database service worker queue retry timeout latency throughput deployment "
     "understand important carefully specifically approximately unfortunately straightforward "
     "implementation responsibility characteristics documentation infrastructure"
-).split()
-_IDENTS = (
+)
+_IDENTS = _vocab(
     "request session_id input_tokens max_tokens window user_id fetchRecords parseHeader httpClient "
     "retryCount config self cls data result items value key index offset buffer stream handler "
     "getUserById toJSON XMLHttpRequest URLSearchParams event_store snapshot revision basis"
-).split()
-_GERMAN = (
+)
+_GERMAN = _vocab(
     "die der und zu den das nicht von sie ist des sich mit dem dass er es ein ich auf so eine auch "
     "als an nach wie im für über Größe Straße müssen können würde Verständnis Anforderung Zusammenfassung "
     "Gespräch Kontextfenster Übersetzung während natürlich"
-).split()
-_FRENCH = (
+)
+_FRENCH = _vocab(
     "le de un être et à il avoir ne je son que se qui ce dans en du elle au pour pas plus très "
     "déjà élève après côté être fenêtre résumé requête modèle réponse contexte"
-).split()
-_RUSSIAN = (
+)
+_RUSSIAN = _vocab(
     "и в не на я быть он с что а по это она этот к но они мы как из у который то за свой весь "
     "год от так о для ты же все тот мочь вы человек контекст запрос модель ответ сообщение окно"
-).split()
+)
 _CHINESE = "的一是在不了有和人这中大为上个国我以要他时来用们生到作地于出就分对成会可主发年动同工也能下过子说产种面而方后多定行学法所民得经十三之进着等部度家电力里如水化高自二理起小物现实加量都两体制机当使点从业本去把性好应开它合还因由其些然前外天政四日那社义事平形相全表间样与关各重新线内数正心反你明看原又么利比或但质气第向道命此变条只没结解问意建月公无系军很情者最立代想已通并提直题党程展五果料象员革位入常文总次品式活设及管特件长求老头基资边流路级少图山统接知较将组见计别她手角期根论运农指几九区强放决西被干做必战先回则任取据处理府研质"
 _EMOJI = "🙂🚀✅🔥📈🧠"
 
