@@ -21,7 +21,6 @@ Test support only: nothing here is shipped and nothing is fetched.
 
 from __future__ import annotations
 
-import json
 import random
 import re
 from dataclasses import dataclass
@@ -446,8 +445,3 @@ def session(rng: random.Random, workload: Workload, turns: int) -> list[Canonica
 def request_of(rng: random.Random, workload: Workload, turns: int) -> CanonicalRequest:
     """One request: a session's history after ``turns`` turns."""
     return session(rng, workload, turns)[-1]
-
-
-def as_json(request: CanonicalRequest) -> str:
-    """The request as the JSON a client would send (for debugging a figure)."""
-    return json.dumps(request.to_data(), ensure_ascii=False)[:2000]

@@ -36,13 +36,19 @@ The estimate (:func:`estimate`)
     is there because the ratio of a request depends on its mix of content (prose, code,
     tool output, other scripts) and 20 reports understate the tails of that mix: on the
     simulated providers of tests/unit/test_calibration.py, ``3 MAD`` alone left fresh
-    requests up to 1.4 % under their billed count. ``ceil_grid`` rounding *up* to a multiple of 1/10000 (one basis
-    point, the same grid as thresholds; the factor is stored and shown as
-    ``factor_bp``), and the bounds ``[FACTOR_MIN, FACTOR_MAX] = [1/2, 5/4]``. The median
-    of an even count is the mean of the two middle values (exact). Robust: median and
-    MAD each need half of the window to be moved arbitrarily, so a minority of hostile
-    but plausible reports shifts the factor only within the honest ratios' range, and
-    however many there are the factor stays within the bounds.
+    requests up to 1.4 % under their billed count. ``ceil_grid`` rounds *up* to a
+    multiple of 1/10000 (one basis point, the grid of thresholds; the factor is stored
+    and shown as ``factor_bp``); the bounds are ``[FACTOR_MIN, FACTOR_MAX] = [1/2, 5/4]``.
+    The median of an even count is the mean of the two middle values (exact).
+
+    Robust: median and MAD each need half of the window to be moved arbitrarily, so a
+    minority of hostile but plausible reports shifts the factor only within about the
+    honest ratios' range; however many there are, the factor stays within the bounds,
+    and absurd reports are ignored outright. What no single factor can do: a model whose
+    requests differ in ratio by more than the 0.99-1.10 band (sessions entirely in a
+    script the counter over-counts differently, beside English code sessions) gets a
+    factor that over-counts the lower-ratio requests by more than 10 %, since the margin
+    leans to over-counting.
 
 Drift of exact counters (:func:`drift`)
     For an exact counter the billed count should equal the count: ``drift`` is the median
