@@ -1,0 +1,312 @@
+"""Provider calibration: a robust, bounded, conservative correction of estimated counts.
+
+Every provider response carries the input tokens it billed. For a model whose counter is
+not exact (quality ``heuristic_estimate``) the pairs *(counted, billed)* of one model in one
+fleet give a correction factor; the core then decides on ``apply(counted, calibration)``
+instead of the raw estimate. Pure: no I/O, clock, randomness or globals, and exact
+arithmetic throughout, so a replay of the same samples gives the same factor.
+
+Samples
+    :class:`CalibrationSample` ``(counted, billed)``: ``counted`` is what the tracker's
+    counter said for the request (> 0), ``billed`` what the provider billed for the same
+    request: input + cache-read + cache-write tokens (``CalibrationSample.from_usage``).
+    Construction refuses what is not a count (a bool, a float, a negative number, a
+    number past ``JSON_SAFE_INT``) with :class:`~tracker.errors.InvalidInput` naming the
+    field. An *absurd* pair is a faithful record and is accepted, but the estimator
+    **ignores** it (``sample.usable`` is false), so it can neither move the factor nor
+    push honest samples out of the window:
+
+    * ``billed / counted`` outside ``[PLAUSIBLE_MIN, PLAUSIBLE_MAX]`` = ``[1/4, 4]``: no
+      counter the project ships is off by 4x on a whole request; such a pair is a report
+      about another request, a provider fault or a hostile report;
+    * ``counted < MIN_COUNTED`` (1024): the constant overhead a provider adds (a tool-use
+      preamble, message framing) dominates a tiny request and says nothing about the
+      ratio near the limit, where decisions matter.
+
+The estimate (:func:`estimate`)
+    Over the last ``window`` (64) usable samples, once there are ``min_samples`` (20):
+    the ratios ``r = billed / counted`` as exact fractions, their median ``m`` and their
+    median absolute deviation ``MAD = median(|r - m|)``; then
+
+        ``factor = clamp(ceil_grid(m + max(MAD_MULTIPLIER * MAD, MIN_MARGIN * m)), FACTOR_MIN, FACTOR_MAX)``
+
+    with ``MAD_MULTIPLIER = 3`` (about two standard deviations of a normal spread) and a
+    margin of at least ``MIN_MARGIN`` = 3 % of the median: the factor sits above most of
+    the ratios seen, so it over-counts a few percent rather than under-count. The floor
+    is there because the ratio of a request depends on its mix of content (prose, code,
+    tool output, other scripts) and 20 reports understate the tails of that mix: on the
+    simulated providers of tests/unit/test_calibration.py, ``3 MAD`` alone left fresh
+    requests up to 1.4 % under their billed count. ``ceil_grid`` rounds *up* to a
+    multiple of 1/10000 (one basis point, the grid of thresholds; the factor is stored
+    and shown as ``factor_bp``); the bounds are ``[FACTOR_MIN, FACTOR_MAX] = [1/2, 5/4]``.
+    The median of an even count is the mean of the two middle values (exact).
+
+    Robust: median and MAD each need half of the window to be moved arbitrarily, so a
+    minority of hostile but plausible reports shifts the factor only within about the
+    honest ratios' range; however many there are, the factor stays within the bounds,
+    and absurd reports are ignored outright. What no single factor can do: a model whose
+    requests differ in ratio by more than the 0.99-1.10 band (sessions entirely in a
+    script the counter over-counts differently, beside English code sessions) gets a
+    factor that over-counts the lower-ratio requests by more than 10 %, since the margin
+    leans to over-counting.
+
+Drift of exact counters (:func:`drift`)
+    For an exact counter the billed count should equal the count: ``drift`` is the median
+    of ``billed / counted`` over the recent usable samples, and :func:`drifted` says
+    whether it is more than ``DRIFT_THRESHOLD`` (2 %) away from 1 (a wrong encoding, a
+    provider-side tokenizer change).
+
+Incremental form (:class:`CalibrationState`)
+    ``state.fold(sample)`` keeps the last ``window`` usable samples (an O(window) = O(1)
+    step per event, whatever the history length); ``state.calibration`` equals
+    ``estimate(all samples folded, same parameters)`` (a hypothesis property in
+    tests/unit/test_calibration.py proves it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any
+
+from tracker.core.model import JSON_SAFE_INT, QUALITY_HEURISTIC, ceil_div, is_int
+from tracker.errors import InvalidInput
+
+__all__ = [
+    "CALIBRATED_QUALITIES",
+    "DRIFT_MIN_SAMPLES",
+    "DRIFT_THRESHOLD",
+    "FACTOR_GRID",
+    "FACTOR_MAX",
+    "FACTOR_MIN",
+    "MAD_MULTIPLIER",
+    "MIN_MARGIN",
+    "MIN_COUNTED",
+    "MIN_SAMPLES",
+    "PLAUSIBLE_MAX",
+    "PLAUSIBLE_MIN",
+    "WINDOW",
+    "Calibration",
+    "CalibrationSample",
+    "CalibrationState",
+    "apply",
+    "calibrates",
+    "drift",
+    "drifted",
+    "estimate",
+]
+
+#: qualities whose counts are corrected; exact counts are only watched for drift
+CALIBRATED_QUALITIES: frozenset[str] = frozenset({QUALITY_HEURISTIC})
+#: usable samples needed before a calibration is used
+MIN_SAMPLES = 20
+#: how many of the most recent usable samples the estimate looks at
+WINDOW = 64
+#: a ratio billed/counted outside [PLAUSIBLE_MIN, PLAUSIBLE_MAX] is ignored
+PLAUSIBLE_MIN = Fraction(1, 4)
+PLAUSIBLE_MAX = Fraction(4)
+#: a sample of fewer counted tokens is ignored (constant provider overhead dominates it)
+MIN_COUNTED = 1024
+#: the factor never leaves [FACTOR_MIN, FACTOR_MAX]
+FACTOR_MIN = Fraction(1, 2)
+FACTOR_MAX = Fraction(5, 4)
+#: the factor is rounded up to a multiple of 1 / FACTOR_GRID (one basis point)
+FACTOR_GRID = 10_000
+#: factor = median + max(MAD_MULTIPLIER x MAD, MIN_MARGIN x median) (before rounding and bounds)
+MAD_MULTIPLIER = 3
+MIN_MARGIN = Fraction(3, 100)
+#: an exact counter whose median billed/counted is further than this from 1 has drifted
+DRIFT_THRESHOLD = Fraction(2, 100)
+#: usable samples needed before drift is judged
+DRIFT_MIN_SAMPLES = 5
+
+
+def _count(field_name: str, value: Any, *, positive: bool) -> int:
+    if not is_int(value):
+        shown = "missing" if value is None else type(value).__name__
+        raise InvalidInput(field_name, f"must be an integer token count, got {shown}")
+    low = 1 if positive else 0
+    if not low <= value <= JSON_SAFE_INT:
+        raise InvalidInput(field_name, f"must be an integer in [{low}, {JSON_SAFE_INT}], got {value}")
+    return value
+
+
+@dataclass(frozen=True)
+class CalibrationSample:
+    """One provider report: what was counted for a request and what the provider billed for it."""
+
+    counted: int
+    billed: int
+
+    def __post_init__(self) -> None:
+        _count("counted", self.counted, positive=True)
+        _count("billed", self.billed, positive=False)
+
+    @classmethod
+    def from_usage(
+        cls, counted: int, input_tokens: int, cache_read_tokens: int = 0, cache_write_tokens: int = 0
+    ) -> CalibrationSample:
+        """``billed`` = input + cache read + cache write tokens (each a count, named on error)."""
+        total = (
+            _count("usage.input_tokens", input_tokens, positive=False)
+            + _count("usage.cache_read_tokens", cache_read_tokens, positive=False)
+            + _count("usage.cache_write_tokens", cache_write_tokens, positive=False)
+        )
+        if total > JSON_SAFE_INT:
+            raise InvalidInput("usage", f"input + cache tokens add up past {JSON_SAFE_INT}: {total}")
+        return cls(counted, total)
+
+    @property
+    def ratio(self) -> Fraction:
+        """``billed / counted``, exact."""
+        return Fraction(self.billed, self.counted)
+
+    @property
+    def usable(self) -> bool:
+        """Whether the estimator uses this sample (see the module docstring: absurd pairs are ignored)."""
+        if self.counted < MIN_COUNTED:
+            return False
+        # ratio within [1/4, 4], in integers: counted <= 4 billed and billed <= 4 counted
+        lo, hi = PLAUSIBLE_MIN, PLAUSIBLE_MAX
+        return (
+            self.counted * lo.numerator <= self.billed * lo.denominator
+            and self.billed * hi.denominator <= self.counted * hi.numerator
+        )
+
+    def to_data(self) -> dict[str, int]:
+        return {"counted": self.counted, "billed": self.billed}
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """A correction factor and what it rests on. ``factor`` is a multiple of 1/10000 within the bounds."""
+
+    factor: Fraction
+    samples: int  # usable samples it was estimated from (<= window)
+    median: Fraction  # median billed/counted of those samples
+    mad: Fraction  # their median absolute deviation
+    bounded: bool = False  # true when the bounds cut the estimate
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.factor, Fraction) or not FACTOR_MIN <= self.factor <= FACTOR_MAX:
+            raise InvalidInput("factor", f"must be a fraction in [{FACTOR_MIN}, {FACTOR_MAX}], got {self.factor!r}")
+        if (self.factor * FACTOR_GRID).denominator != 1:
+            raise InvalidInput("factor", f"must be a multiple of 1/{FACTOR_GRID}, got {self.factor}")
+        if not is_int(self.samples) or self.samples <= 0:
+            raise InvalidInput("samples", f"must be a positive integer, got {self.samples!r}")
+
+    @property
+    def factor_bp(self) -> int:
+        """The factor in basis points (7231 means 0.7231)."""
+        return int(self.factor * FACTOR_GRID)
+
+    def to_data(self) -> dict[str, Any]:
+        """JSON-safe: the factor in basis points, the median and MAD as exact ``"p/q"`` strings."""
+        return {
+            "factor_bp": self.factor_bp,
+            "samples": self.samples,
+            "median": str(self.median),
+            "mad": str(self.mad),
+            "bounded": self.bounded,
+        }
+
+
+def calibrates(quality: str) -> bool:
+    """Whether counts of this quality are corrected (only estimates are; exact counts are watched for drift)."""
+    return quality in CALIBRATED_QUALITIES
+
+
+def _median(sorted_values: Sequence[Fraction]) -> Fraction:
+    n = len(sorted_values)
+    mid = n // 2
+    if n % 2:
+        return sorted_values[mid]
+    return (sorted_values[mid - 1] + sorted_values[mid]) / 2
+
+
+def _recent_usable(samples: Iterable[CalibrationSample], window: int) -> list[CalibrationSample]:
+    usable = [s for s in samples if s.usable]
+    return usable[-window:]
+
+
+def _check_params(min_samples: Any, window: Any) -> None:
+    if not is_int(min_samples) or min_samples < 1:
+        raise InvalidInput("min_samples", f"must be an integer >= 1, got {min_samples!r}")
+    if not is_int(window) or window < min_samples:
+        raise InvalidInput("window", f"must be an integer >= min_samples ({min_samples}), got {window!r}")
+
+
+def _estimate_recent(recent: Sequence[CalibrationSample], min_samples: int) -> Calibration | None:
+    if len(recent) < min_samples:
+        return None
+    ratios = sorted(s.ratio for s in recent)
+    med = _median(ratios)
+    mad = _median(sorted(abs(r - med) for r in ratios))
+    raw = med + max(MAD_MULTIPLIER * mad, MIN_MARGIN * med)
+    gridded = Fraction(ceil_div(raw.numerator * FACTOR_GRID, raw.denominator), FACTOR_GRID)
+    factor = min(FACTOR_MAX, max(FACTOR_MIN, gridded))
+    return Calibration(factor=factor, samples=len(recent), median=med, mad=mad, bounded=factor != gridded)
+
+
+def estimate(
+    samples: Iterable[CalibrationSample], *, min_samples: int = MIN_SAMPLES, window: int = WINDOW
+) -> Calibration | None:
+    """The calibration of the last ``window`` usable samples, or None with fewer than ``min_samples`` of them."""
+    _check_params(min_samples, window)
+    return _estimate_recent(_recent_usable(samples, window), min_samples)
+
+
+def apply(counted: int, calibration: Calibration | None) -> int:
+    """The count the core decides on: ``ceil(counted x factor)`` (capped at ``JSON_SAFE_INT``); ``counted`` without one."""
+    _count("input_tokens", counted, positive=False)
+    if calibration is None:
+        return counted
+    f = calibration.factor
+    return min(JSON_SAFE_INT, ceil_div(counted * f.numerator, f.denominator))
+
+
+def drift(
+    samples: Iterable[CalibrationSample], *, min_samples: int = DRIFT_MIN_SAMPLES, window: int = WINDOW
+) -> Fraction | None:
+    """Median ``billed / counted`` of the last ``window`` usable samples (None with fewer than ``min_samples``)."""
+    _check_params(min_samples, window)
+    recent = _recent_usable(samples, window)
+    if len(recent) < min_samples:
+        return None
+    return _median(sorted(s.ratio for s in recent))
+
+
+def drifted(ratio: Fraction | None) -> bool:
+    """Whether an exact counter's drift ratio is more than ``DRIFT_THRESHOLD`` (2 %) away from 1."""
+    return ratio is not None and abs(ratio - 1) > DRIFT_THRESHOLD
+
+
+@dataclass(frozen=True)
+class CalibrationState:
+    """The incremental form, one per (fleet, model): fold samples in event order, read ``calibration``.
+
+    ``CalibrationState().fold(s1).fold(s2)...calibration == estimate([s1, s2, ...])`` for the
+    same ``min_samples`` / ``window``. Each fold keeps at most ``window`` samples.
+    """
+
+    min_samples: int = MIN_SAMPLES
+    window: int = WINDOW
+    recent: tuple[CalibrationSample, ...] = ()
+    seen: int = 0  # samples folded in, usable or not
+    ignored: int = 0  # of them, the ones the estimator ignores
+    calibration: Calibration | None = field(default=None, init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        _check_params(self.min_samples, self.window)
+        if len(self.recent) > self.window or not all(s.usable for s in self.recent):
+            raise InvalidInput("recent", f"must hold at most {self.window} usable samples")
+        object.__setattr__(self, "calibration", _estimate_recent(self.recent, self.min_samples))
+
+    def fold(self, sample: CalibrationSample) -> CalibrationState:
+        if not isinstance(sample, CalibrationSample):
+            raise InvalidInput("sample", f"must be a CalibrationSample, got {type(sample).__name__}")
+        if not sample.usable:
+            return CalibrationState(self.min_samples, self.window, self.recent, self.seen + 1, self.ignored + 1)
+        recent = (*self.recent, sample)[-self.window :]
+        return CalibrationState(self.min_samples, self.window, recent, self.seen + 1, self.ignored)
