@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from agents import Agent, Model, ModelResponse, RunConfig, Runner, SQLiteSession, Usage, function_tool
+from agents import Agent, Model, ModelResponse, RunConfig, Runner, Usage, function_tool
 from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText
 
 from tracker import ContextLimitError, Tracker, TrackerError
@@ -128,7 +128,9 @@ class ScriptedModel(Model):
                     id=f"fc_{i}_{j}",
                     call_id=f"call_{i}_{j}",
                     name="read_file",
-                    arguments=json.dumps({"path": f"src/module_{i}_{j}.py" if self.batch > 1 else f"src/module_{i}.py"}),
+                    arguments=json.dumps(
+                        {"path": f"src/module_{i}_{j}.py" if self.batch > 1 else f"src/module_{i}.py"}
+                    ),
                     status="completed",
                 )
                 for j in range(self.batch)

@@ -140,10 +140,13 @@ def input_item(item: Any) -> Item:
         return Item(({"role": role, "content": _content(d.get("content"))},))
     call_id = d.get("call_id")
     if kind == "function_call":
-        call = {"type": "function_call", "call_id": str(call_id), "name": str(d.get("name", "")) or "function"}
-        call["arguments"] = (
-            d.get("arguments") if isinstance(d.get("arguments"), str) else _json_text(d.get("arguments"))
-        )
+        args = d.get("arguments")
+        call = {
+            "type": "function_call",
+            "call_id": str(call_id),
+            "name": str(d.get("name", "")) or "function",
+            "arguments": args if isinstance(args, str) else _json_text(args),
+        }
         return Item(({"role": "assistant", "content": [call]},), calls=frozenset({str(call_id)}))
     if kind == "function_call_output":
         output = d.get("output")
@@ -280,11 +283,25 @@ class _OnLoop:
     def request_compaction(self, session_id: str, **kw: Any) -> Any:
         return self._run(self._inner.request_compaction(session_id, **kw))
 
-    def commit(self, session_id: str, attempt_id: str, fencing_token: int, tokens_after: int, **kw: Any) -> Any:
-        return self._run(self._inner.commit(session_id, attempt_id, fencing_token, tokens_after, **kw))
+    def commit(
+        self,
+        session_id: str,
+        attempt_id: str,
+        fencing_token: int,
+        tokens_after: int,
+        idempotency_key: str | None = None,
+    ) -> Any:
+        return self._run(self._inner.commit(session_id, attempt_id, fencing_token, tokens_after, idempotency_key))
 
-    def reject(self, session_id: str, attempt_id: str, fencing_token: int, reject_reason: str, **kw: Any) -> Any:
-        return self._run(self._inner.reject(session_id, attempt_id, fencing_token, reject_reason, **kw))
+    def reject(
+        self,
+        session_id: str,
+        attempt_id: str,
+        fencing_token: int,
+        reject_reason: str,
+        idempotency_key: str | None = None,
+    ) -> Any:
+        return self._run(self._inner.reject(session_id, attempt_id, fencing_token, reject_reason, idempotency_key))
 
     def wait(self, session_id: str, attempt_id: str, timeout: float = 30.0) -> str:
         return self._run(self._inner.wait(session_id, attempt_id, timeout=timeout))
@@ -513,7 +530,8 @@ class ContextTrackerFilter:
             from agents import MultiProvider
 
             provider = self.model_provider = MultiProvider()
-        return provider.get_model(agent.model)  # type: ignore[no-any-return]
+        model: Model = provider.get_model(agent.model)
+        return model
 
 
 async def _agent_tools(agent: Agent[Any], context: Any) -> list[Any]:
@@ -530,9 +548,9 @@ def _output_schema(agent: Agent[Any]) -> str | None:
         return None
     from agents.agent_output import AgentOutputSchema, AgentOutputSchemaBase
 
-    schema = agent.output_type if isinstance(agent.output_type, AgentOutputSchemaBase) else None
-    with contextlib.suppress(Exception):
-        schema = schema or AgentOutputSchema(agent.output_type)
+    with contextlib.suppress(Exception):  # an output type the SDK cannot describe: it fails the run itself
+        output = agent.output_type
+        schema = output if isinstance(output, AgentOutputSchemaBase) else AgentOutputSchema(output)
         if schema.is_plain_text():
             return None
         return _json_text(schema.json_schema())
