@@ -308,6 +308,33 @@ def test_another_process_compaction_is_adopted(tracker, tmp_path):
     assert kinds(tracker, sdk_session.session_id) == ["CompactionStarted", "CompactionCommitted"]
 
 
+def test_a_compaction_adopted_and_compacted_again_in_one_call_summarises_the_adopted_summary(tracker, tmp_path):
+    """The other process's summary is adopted, and the input is still past the compact level: the
+    summariser is given the items of the adopted view (the summary first), not the raw ones."""
+    sdk_session = SQLiteSession(new_session("sdk"), str(tmp_path / "agents.db"))
+    agent, config, hooks, _ = ex.build(tracker, steps=13, summarizer=ex.Summarizer(), session=sdk_session)
+    asyncio.run(Runner.run(agent, QUESTION, run_config=config, hooks=hooks, session=sdk_session, max_turns=20))
+
+    spans = []
+
+    def summarize(items, budget_tokens):
+        spans.append(items)
+        return "Summary of both: files were read, then the user pasted the fence log."
+
+    agent2, config2, hooks2, model2 = ex.build(tracker, steps=0, summarizer=summarize, session=sdk_session)
+    pasted = "And the fence check? Here is its log: " + " ".join(f"fence {n} renewed lease" for n in range(320))
+    result = asyncio.run(Runner.run(agent2, pasted, run_config=config2, hooks=hooks2, session=sdk_session, max_turns=5))
+    assert result.final_output.startswith("I read 0 files")
+    assert kinds(tracker, sdk_session.session_id) == ["CompactionStarted", "CompactionCommitted"] * 2
+    (span,) = spans
+    assert is_summary(span[0]) and "Files already read" in span[0]["content"]
+    assert_calls_whole(span)
+    ((_, items, _),) = model2.received
+    assert is_summary(items[0]) and "Summary of both" in items[0]["content"]
+    assert_calls_whole(items)
+    assert max(sent_tokens(tracker, model2)) < INPUT_LIMIT
+
+
 def test_the_session_comes_from_the_run_context(tracker):
     summarizer = ex.Summarizer()
     agent, config, hooks, _ = ex.build(tracker, steps=13, summarizer=summarizer)
@@ -432,3 +459,83 @@ def test_items_map_to_the_trackers_request_shape_and_pair_calls_with_outputs():
     request = ex.to_request(items, "sys", [ex.read_file])
     CanonicalRequest.from_dict(request)  # the tracker accepts every item
     assert request["tools"][0]["name"] == "read_file"
+
+
+# -- a remote tracker: the async HTTP client, against a real server on loopback --------------------
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    import os
+
+    from sqlalchemy import create_engine
+
+    from tests.conftest import REDIS_URL, _sqlalchemy_url, create_pg_database, drop_pg_database
+    from tracker.bench.procs import free_port, start_server, stop_server
+    from tracker.store.fleets import FleetStore
+
+    models = tmp_path_factory.mktemp("oa-server") / "models.json"
+    models.write_text(json.dumps(ex.MODELS))
+    name, url = create_pg_database()
+    db_url = _sqlalchemy_url(url)
+    proc = None
+    try:
+        upgrade(db_url)
+        engine = create_engine(db_url)
+        fleets = FleetStore(engine)
+        fleet = fleets.create_fleet(f"oa-{uuid.uuid4().hex[:6]}")
+        _, token = fleets.create_key(fleet["fleet_id"])
+        engine.dispose()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TRACKER_")}
+        env.update(TRACKER_DATABASE_URL=db_url, TRACKER_REDIS_URL=REDIS_URL, TRACKER_MODELS_FILE=str(models))
+        port = free_port()
+        proc = start_server(env, port)
+        yield f"http://127.0.0.1:{port}", token, str(models)
+    finally:
+        if proc is not None:
+            stop_server(proc)
+        drop_pg_database(name)
+
+
+@pytest.mark.postgres
+@pytest.mark.redis
+@pytest.mark.parametrize("client", ["async", "sync"])
+def test_a_remote_tracker_async_or_sync_client_compacts_the_same_way(server, client):
+    from tracker import AsyncTrackerClient, TrackerClient
+
+    url, token, models_file = server
+    session = new_session(f"oa-{client}")
+    summarizer = ex.Summarizer(fail=1)
+
+    async def main():
+        remote = AsyncTrackerClient(url, token) if client == "async" else TrackerClient(url, token)
+        try:
+            model = ex.ScriptedModel(13)
+            agent = Agent(name="engineer", instructions=ex.INSTRUCTIONS, model=model, tools=[ex.read_file])
+            tracker_filter = ContextTrackerFilter(
+                remote, model=ex.MODEL, session_id=session, summarizer=summarizer, keep_last=4, models_file=models_file
+            )
+            config = RunConfig(call_model_input_filter=tracker_filter, tracing_disabled=True)
+            result = await Runner.run(agent, QUESTION, run_config=config, max_turns=20)
+            history = [e async for e in remote.history(session)] if client == "async" else list(remote.history(session))
+            return result, model, history
+        finally:
+            await remote.aclose() if client == "async" else remote.close()
+
+    result, model, history = asyncio.run(main())
+    assert result.final_output.startswith("I read 13 files")
+    compactions = [e for e in history if e.type.startswith("Compaction")]
+    assert [e.type for e in compactions] == [
+        "CompactionStarted",
+        "CompactionRejected",
+        "CompactionStarted",
+        "CompactionCommitted",
+    ]
+    assert compactions[1].data["reject_reason"] == "summarizer_error"
+    committed = compactions[-1].data
+    # tokens_after counted in this process with the registry equals the server's own count of that input
+    measured = [e.data["measurement"]["input_tokens"] for e in history if e.type == "ContextMeasured"]
+    assert committed["tokens_after"] in measured and committed["tokens_after"] < committed["tokens_before"] / 2
+    for _, items, _ in model.received:
+        assert_calls_whole(items)
+    assert any(is_summary(items[0]) for _, items, _ in model.received)

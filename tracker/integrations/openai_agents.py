@@ -387,6 +387,24 @@ def _recall(session: str, items_digest: str) -> _Settled | None:
         return _SETTLED.get((session, items_digest))
 
 
+class _Guard(ContextGuard):
+    """The protocol's guard, telling the summariser which view it is compacting (per thread)."""
+
+    def __init__(self, tracker: Any, **kw: Any) -> None:
+        super().__init__(tracker, **kw)
+        self._local = threading.local()
+
+    def compacting(self) -> View | None:
+        return getattr(self._local, "view", None)
+
+    def _compact(self, session_id: str, view: View, result: Any, summarize: Any) -> Replacement | None:
+        self._local.view = view
+        try:
+            return super()._compact(session_id, view, result, summarize)
+        finally:
+            self._local.view = None
+
+
 class ContextTrackerFilter:
     """``RunConfig(call_model_input_filter=ContextTrackerFilter(tracker, model=...))``.
 
@@ -431,7 +449,7 @@ class ContextTrackerFilter:
         self._counter = count_tokens
         self._counter_lock = threading.Lock()
         # validates model / keep_last now; an async tracker gets a guard per call, bound to the call's loop
-        self.guard = ContextGuard(tracker, count_tokens=self._count, **self._guard_args)
+        self.guard = _Guard(tracker, count_tokens=self._count, **self._guard_args)
         self.model = model
         self.summarizer = summarizer
         self.session_id = session_id
@@ -454,17 +472,23 @@ class ContextTrackerFilter:
         items, revision = self._reapply(session, raw)
         view = view_of(items, instructions, tools, revision=revision, output_schema=schema)
 
-        def summarize(start: int, end: int, budget: int) -> str:
-            return self._summarize(items_at[0][start:end], budget, agent, loop)
-
-        items_at = [items]  # the SDK items matching the guard's view as it goes (one per replacement)
         guard = self.guard if not self._async else self._loop_guard(loop)
+        sdk_of = {id(it): raw_item for it, raw_item in zip(view.items, items, strict=True)}
+
+        def summarize(start: int, end: int, budget: int) -> str:
+            # the span of the view being compacted now (it may already hold a summary adopted in this call):
+            # its SDK items, a summary standing for itself (summary_item is summary_input_item's image)
+            now = guard.compacting() or view
+            span = [sdk_of.get(id(it)) or dict(it.messages[0]) for it in now.items[start:end]]
+            return self._summarize(span, budget, agent, loop)
+
+        items_at = [items]  # the SDK items, with the replacements the call made applied
         out = await asyncio.to_thread(self._settle, guard, session, view, summarize, items_at)
         sent = items_at[0]
         _remember(session, digest(out.view.items), _Settled(out.view.basis(), out.view.revision))
         return ModelInputData(input=sent, instructions=instructions)
 
-    def _settle(self, guard: ContextGuard, session: str, view: View, summarize: Any, items_at: list[list[Any]]) -> Any:
+    def _settle(self, guard: _Guard, session: str, view: View, summarize: Any, items_at: list[list[Any]]) -> Any:
         """Runs in a worker thread (the tracker's calls block); applies each replacement to the SDK items too."""
         out = guard.before_call(session, view, summarize)
         current = view
@@ -474,8 +498,8 @@ class ContextTrackerFilter:
             current = current.apply(rep)
         return out
 
-    def _loop_guard(self, loop: asyncio.AbstractEventLoop) -> ContextGuard:
-        return ContextGuard(_OnLoop(self.tracker, loop), count_tokens=self._count, **self._guard_args)
+    def _loop_guard(self, loop: asyncio.AbstractEventLoop) -> _Guard:
+        return _Guard(_OnLoop(self.tracker, loop), count_tokens=self._count, **self._guard_args)
 
     def _count(self, request: dict[str, Any]) -> int:
         """The guard's ``tokens_after`` counter, built once: the tracker's own for an embedded one,
