@@ -3,6 +3,8 @@
     python examples/openai_agents_agent.py                      # embedded: SQLite in a temp dir, in-process counting
     python examples/openai_agents_agent.py --json               # the run's report as JSON
     python examples/openai_agents_agent.py --failing-summarizer # every summary fails: the run ends in ContextLimitError
+    python examples/openai_agents_agent.py --database-url postgresql://postgres@127.0.0.1:5432/db \\
+        --redis-url redis://127.0.0.1:6379/0 --share-redis --session s1   # one of several processes on one session
 
 The model is a fake of the SDK's ``Model`` interface playing a script (no network): read
 ``--steps`` files one ``function_call`` at a time, then answer. ``Runner.run`` executes the tool
@@ -32,6 +34,7 @@ from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessa
 
 from tracker import ContextLimitError, Tracker, TrackerError
 from tracker.core.model import Basis
+from tracker.integrations import RedisShare
 from tracker.integrations.openai_agents import (  # <- context tracker
     ContextTrackerFilter,
     ContextTrackerHooks,
@@ -243,9 +246,14 @@ async def run(
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--database-url", help="default: a SQLite file in a temporary directory")
+    p.add_argument("--redis-url")
     p.add_argument("--session", default="openai-agents-example")
     p.add_argument("--steps", type=int, default=16)
     p.add_argument("--failing-summarizer", action="store_true")
+    p.add_argument("--summary-delay", type=float, default=0.0, help="seconds the summariser takes")
+    p.add_argument("--share-redis", action="store_true", help="publish compactions to Redis for other processes")
+    p.add_argument("--no-upgrade", action="store_true", help="the database is already migrated")
+    p.add_argument("--start-at", type=float, default=0.0, help="wall-clock time to start at (line processes up)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
 
@@ -253,12 +261,15 @@ def main(argv: list[str] | None = None) -> int:
     models_file = workdir / "models.json"
     models_file.write_text(json.dumps(MODELS))
     url = args.database_url or f"sqlite:///{workdir / 'tracker.db'}"
-    upgrade(url)
-    settings = Settings.of(database_url=url, models_file=str(models_file))
-    summarizer = Summarizer(fail=-1 if args.failing_summarizer else 0)
+    if not args.no_upgrade:
+        upgrade(url)
+    settings = Settings.of(database_url=url, redis_url=args.redis_url, models_file=str(models_file))
+    share = RedisShare(args.redis_url, prefix=f"ct-example:{args.session}:") if args.share_redis else None
+    summarizer = Summarizer(delay_s=args.summary_delay, fail=-1 if args.failing_summarizer else 0)
     with Tracker.from_settings(settings) as tracker:
         tracker.counting.warm()  # load the encodings now, not inside the first count's time limit
-        report = asyncio.run(run(tracker, args.session, steps=args.steps, summarizer=summarizer))
+        time.sleep(max(0.0, args.start_at - time.time()))
+        report = asyncio.run(run(tracker, args.session, steps=args.steps, summarizer=summarizer, share=share))
     if args.json:
         print(json.dumps(report))
     else:

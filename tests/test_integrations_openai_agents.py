@@ -344,6 +344,26 @@ def test_the_session_comes_from_the_run_context(tracker):
     assert kinds(tracker, context["session_id"]) == ["CompactionStarted", "CompactionCommitted"]
 
 
+def test_the_session_comes_from_the_trace_group_while_tracing_is_on(tracker):
+    """``RunConfig(group_id=...)`` names the conversation in the SDK's traces; with tracing on it is the session."""
+    from agents.tracing import get_trace_provider, set_trace_processors
+
+    provider = get_trace_provider()
+    saved = list(provider._multi_processor._processors)
+    set_trace_processors([])  # traces stay in this process: no exporter
+    try:
+        agent, _, _, model = ex.build(tracker, steps=3, summarizer=ex.Summarizer())
+        group = new_session("group")
+        tracker_filter = ContextTrackerFilter(tracker, model=ex.MODEL, summarizer=ex.Summarizer())
+        config = RunConfig(call_model_input_filter=tracker_filter, group_id=group, tracing_disabled=False)
+        result = asyncio.run(Runner.run(agent, QUESTION, run_config=config, max_turns=10))
+    finally:
+        set_trace_processors(saved)
+    assert result.final_output.startswith("I read 3 files")
+    measured = events(tracker, group, "ContextMeasured")
+    assert len(measured) == len(model.received) == 4
+
+
 def test_a_run_with_no_session_is_refused_naming_the_field(tracker):
     agent, config, hooks, model = ex.build(tracker, steps=2, summarizer=ex.Summarizer())
     with pytest.raises(InvalidInput) as err:
@@ -375,6 +395,59 @@ def test_two_concurrent_runs_on_one_session_compact_once(tracker):
         for _, items, _ in model.received:
             assert_calls_whole(items)
         assert max(sent_tokens(tracker, model)) < INPUT_LIMIT
+
+
+@pytest.mark.postgres
+@pytest.mark.redis
+def test_two_agent_processes_on_one_session_compact_once(pg_url, redis_url):
+    """Two real processes run the same agent on one session (Postgres + Redis): one summary, both adopt it."""
+    import os
+    import subprocess
+    import time
+
+    upgrade(pg_url)
+    session = new_session("oa2")
+    start_at = time.time() + 8
+    cmd = [
+        sys.executable,
+        str(EXAMPLE),
+        "--database-url",
+        pg_url,
+        "--redis-url",
+        redis_url,
+        "--share-redis",
+        "--no-upgrade",
+        "--session",
+        session,
+        "--steps",
+        "13",
+        "--summary-delay",
+        "1.0",
+        "--json",
+        "--start-at",
+        str(start_at),
+    ]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRACKER_")}
+    procs = [
+        subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+        for _ in range(2)
+    ]
+    outs = [p.communicate(timeout=240) for p in procs]
+    for p, (_out, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, err
+    reports = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
+    print("two processes:", [(r["summarizer_calls"], r["model_requests"]) for r in reports])
+
+    assert all(r["answer"].startswith("I read 13 files") for r in reports)
+    assert sum(r["summarizer_calls"] for r in reports) == 1
+    with Tracker.from_settings(Settings.of(database_url=pg_url)) as t:
+        assert kinds(t, session) == ["CompactionStarted", "CompactionCommitted"]
+        assert not events(t, session, "ContextLimitReached")
+    assert all(max(r["model_requests"]) < INPUT_LIMIT for r in reports)
+    # each process's input drops to less than half at one call: the compacted history, made or adopted
+    for r in reports:
+        sent = r["model_requests"]
+        assert any(b < a / 2 for a, b in zip(sent, sent[1:], strict=False)), sent
 
 
 # -- usage hooks ----------------------------------------------------------------------------------
