@@ -30,7 +30,15 @@ from pathlib import Path
 from typing import Any
 
 from agents import Agent, Model, ModelResponse, RunConfig, Runner, Usage, function_tool
-from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText
+from openai.types.responses import (
+    Response,
+    ResponseCompletedEvent,
+    ResponseFunctionToolCall,
+    ResponseOutputMessage,
+    ResponseOutputText,
+    ResponseUsage,
+)
+from openai.types.responses.response_usage import InputTokensDetails, OutputTokensDetails
 
 from tracker import ContextLimitError, Tracker, TrackerError
 from tracker.core.model import Basis
@@ -156,8 +164,41 @@ class ScriptedModel(Model):
             response_id=f"resp_{i}",
         )
 
-    def stream_response(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
-        raise NotImplementedError("the example runs Runner.run, not Runner.run_streamed")
+    async def stream_response(
+        self,
+        system_instructions: str | None,
+        input: str | list[Any],
+        model_settings: Any,
+        tools: list[Any],
+        output_schema: Any,
+        handoffs: list[Any],
+        tracing: Any,
+        *,
+        previous_response_id: str | None = None,
+        conversation_id: str | None = None,
+        prompt: Any = None,
+    ) -> AsyncIterator[Any]:
+        """``Runner.run_streamed``: the same reply, as one ``response.completed`` event."""
+        r = await self.get_response(system_instructions, input, model_settings, tools, output_schema, handoffs, tracing)
+        usage = ResponseUsage(
+            input_tokens=r.usage.input_tokens,
+            output_tokens=r.usage.output_tokens,
+            total_tokens=r.usage.total_tokens,
+            input_tokens_details=InputTokensDetails(cached_tokens=0, cache_write_tokens=0),
+            output_tokens_details=OutputTokensDetails(reasoning_tokens=0),
+        )
+        response = Response.model_construct(
+            id=r.response_id,
+            created_at=time.time(),
+            model=MODEL,
+            object="response",
+            output=r.output,
+            parallel_tool_calls=True,
+            tool_choice="auto",
+            tools=[],
+            usage=usage,
+        )
+        yield ResponseCompletedEvent(type="response.completed", response=response, sequence_number=0)
 
 
 class Summarizer:

@@ -202,6 +202,35 @@ def test_the_hard_limit_raises_context_limit_error_out_of_the_run(tracker):
         assert_calls_whole(items)
 
 
+def test_a_streamed_run_compacts_the_same_way_and_the_hard_limit_ends_its_stream(tracker):
+    async def stream(summarizer, steps):
+        session = new_session("stream")
+        agent, config, hooks, model = ex.build(tracker, steps=steps, summarizer=summarizer, session_id=session)
+        result = Runner.run_streamed(agent, QUESTION, run_config=config, hooks=hooks, max_turns=steps + 5)
+        try:
+            async for _ in result.stream_events():
+                pass
+        except ContextLimitError as exc:
+            return session, None, model, hooks, exc
+        return session, result.final_output, model, hooks, None
+
+    session, answer, model, hooks, error = asyncio.run(stream(ex.Summarizer(), 13))
+    assert error is None and answer.startswith("I read 13 files")
+    assert kinds(tracker, session) == ["CompactionStarted", "CompactionCommitted"]
+    assert any(is_summary(items[0]) for _, items, _ in model.received)
+    for _, items, _ in model.received:
+        assert_calls_whole(items)
+    assert [u.input_tokens for u in hooks.usages] == [
+        len(json.dumps(i, default=str)) // 4 for _, i, _ in model.received
+    ]
+
+    session, answer, model, _, error = asyncio.run(stream(ex.Summarizer(fail=-1), 16))
+    assert answer is None and isinstance(error, ContextLimitError)
+    assert error.details["input_limit"] == INPUT_LIMIT < error.details["input_tokens"]
+    assert {e.data["reject_reason"] for e in events(tracker, session, "CompactionRejected")} == {"summarizer_error"}
+    assert max(sent_tokens(tracker, model)) < INPUT_LIMIT
+
+
 # -- summarisers --------------------------------------------------------------------------------
 
 

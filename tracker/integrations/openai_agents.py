@@ -150,9 +150,7 @@ def input_item(item: Any) -> Item:
         return Item(({"role": "assistant", "content": [call]},), calls=frozenset({str(call_id)}))
     if kind == "function_call_output":
         output = d.get("output")
-        content = output if isinstance(output, str) else [_part(p) for p in output or []]
-        if isinstance(content, list) and any(p["type"] != "text" and p["type"] != "input_image" for p in content):
-            content = _json_text(output)  # pragma: no cover - _part yields only text and images
+        content = output if isinstance(output, str) else [_part(p) for p in output or []]  # text and images
         return Item(
             ({"role": "tool", "tool_call_id": str(call_id), "content": content},), results=frozenset({str(call_id)})
         )
@@ -212,7 +210,9 @@ def _tool(t: Any) -> dict[str, Any]:
     if isinstance(schema, Mapping):  # FunctionTool
         return {"name": name, "description": str(getattr(t, "description", "") or ""), "parameters": dict(schema)}
     # hosted tools (web search, file search, computer, shell ...): their configuration as the description
-    config = getattr(t, "tool_config", None) or {k: v for k, v in vars(t).items() if not k.startswith("_")}
+    config = getattr(t, "tool_config", None) or {
+        k: v for k, v in getattr(t, "__dict__", {}).items() if not k.startswith("_")
+    }
     return {"name": name, "description": _json_text(config), "parameters": {}}
 
 
