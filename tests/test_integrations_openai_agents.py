@@ -397,8 +397,27 @@ def test_a_run_with_no_session_is_refused_naming_the_field(tracker):
     agent, config, hooks, model = ex.build(tracker, steps=2, summarizer=ex.Summarizer())
     with pytest.raises(InvalidInput) as err:
         asyncio.run(Runner.run(agent, QUESTION, run_config=config, max_turns=5))
-    assert err.value.details.get("field") == "session_id" or "session_id" in str(err.value)
+    assert err.value.field == "session_id"
     assert model.received == []
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"model": ""}, "model"),
+        ({"model": ex.MODEL, "keep_last": -1}, "keep_last"),
+        ({"model": ex.MODEL, "session_id": ""}, "session_id"),
+        ({"model": ex.MODEL, "summarizer": "gpt-4o"}, "summarizer"),
+        ({"model": ex.MODEL, "max_sessions": 0}, "max_sessions"),
+    ],
+)
+def test_bad_arguments_are_refused_naming_the_field(tracker, kwargs, field):
+    with pytest.raises(InvalidInput) as err:
+        ContextTrackerFilter(tracker, **kwargs)
+    assert err.value.field == field
+    if field == "model":
+        with pytest.raises(InvalidInput):
+            ContextTrackerHooks(tracker, model="")
 
 
 # -- two runs at once on one session --------------------------------------------------------------

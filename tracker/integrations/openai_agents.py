@@ -416,7 +416,9 @@ class ContextTrackerFilter:
     ``RunConfig(model=...)`` overrides the agent's model, pass ``summarizer=`` that model).
     ``session_id`` / ``session``: see the module's docstring. ``keep_last``, ``share``,
     ``count_tokens``, ``wait_timeout_s``, ``models_file``: as for
-    :class:`~tracker.integrations._compaction.ContextGuard`.
+    :class:`~tracker.integrations._compaction.ContextGuard`. ``max_sessions``: how many sessions'
+    replacements the filter remembers (the oldest is forgotten first; a forgotten one is adopted back
+    from the tracker's history and the ``share`` on its next call).
     """
 
     def __init__(
@@ -437,6 +439,12 @@ class ContextTrackerFilter:
     ) -> None:
         if session_id is not None and (not isinstance(session_id, str) or not session_id):
             raise InvalidInput("session_id", f"must be a non-empty string, got {session_id!r}")
+        if summarizer is not None and not (isinstance(summarizer, Model) or callable(summarizer)):
+            raise InvalidInput(
+                "summarizer", f"must be a callable (items, budget_tokens) -> str or an SDK Model, got {summarizer!r}"
+            )
+        if not isinstance(max_sessions, int) or isinstance(max_sessions, bool) or max_sessions < 1:
+            raise InvalidInput("max_sessions", f"must be a positive integer, got {max_sessions!r}")
         self.tracker = tracker
         self._async = _is_async(tracker)
         self._guard_args: dict[str, Any] = {
