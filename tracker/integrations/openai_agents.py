@@ -387,24 +387,6 @@ def _recall(session: str, items_digest: str) -> _Settled | None:
         return _SETTLED.get((session, items_digest))
 
 
-class _Guard(ContextGuard):
-    """The protocol's guard, telling the summariser which view it is compacting (per thread)."""
-
-    def __init__(self, tracker: Any, **kw: Any) -> None:
-        super().__init__(tracker, **kw)
-        self._local = threading.local()
-
-    def compacting(self) -> View | None:
-        return getattr(self._local, "view", None)
-
-    def _compact(self, session_id: str, view: View, result: Any, summarize: Any) -> Replacement | None:
-        self._local.view = view
-        try:
-            return super()._compact(session_id, view, result, summarize)
-        finally:
-            self._local.view = None
-
-
 class ContextTrackerFilter:
     """``RunConfig(call_model_input_filter=ContextTrackerFilter(tracker, model=...))``.
 
@@ -457,7 +439,7 @@ class ContextTrackerFilter:
         self._counter = count_tokens
         self._counter_lock = threading.Lock()
         # validates model / keep_last now; an async tracker gets a guard per call, bound to the call's loop
-        self.guard = _Guard(tracker, count_tokens=self._count, **self._guard_args)
+        self.guard = ContextGuard(tracker, count_tokens=self._count, **self._guard_args)
         self.model = model
         self.summarizer = summarizer
         self.session_id = session_id
@@ -496,7 +478,7 @@ class ContextTrackerFilter:
         _remember(session, digest(out.view.items), _Settled(out.view.basis(), out.view.revision))
         return ModelInputData(input=sent, instructions=instructions)
 
-    def _settle(self, guard: _Guard, session: str, view: View, summarize: Any, items_at: list[list[Any]]) -> Any:
+    def _settle(self, guard: ContextGuard, session: str, view: View, summarize: Any, items_at: list[list[Any]]) -> Any:
         """Runs in a worker thread (the tracker's calls block); applies each replacement to the SDK items too."""
         out = guard.before_call(session, view, summarize)
         current = view
@@ -506,8 +488,8 @@ class ContextTrackerFilter:
             current = current.apply(rep)
         return out
 
-    def _loop_guard(self, loop: asyncio.AbstractEventLoop) -> _Guard:
-        return _Guard(_OnLoop(self.tracker, loop), count_tokens=self._count, **self._guard_args)
+    def _loop_guard(self, loop: asyncio.AbstractEventLoop) -> ContextGuard:
+        return ContextGuard(_OnLoop(self.tracker, loop), count_tokens=self._count, **self._guard_args)
 
     def _count(self, request: dict[str, Any]) -> int:
         """The guard's ``tokens_after`` counter, built once: the tracker's own for an embedded one,
