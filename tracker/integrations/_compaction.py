@@ -319,6 +319,15 @@ class ContextGuard:
         self.share: SummaryShare = share if share is not None else _PROCESS_SHARE
         self.wait_timeout_s = wait_timeout_s
         self.max_rounds = max_rounds
+        self._local = threading.local()
+
+    def compacting(self) -> View | None:
+        """The view the summariser is being asked about, in the thread calling it (else None).
+
+        ``summarize(start, end, budget)`` indexes this view: it is the request as given to
+        :meth:`before_call` unless a compaction was adopted earlier in the same call.
+        """
+        return getattr(self._local, "view", None)
 
     def count(self, request: dict[str, Any]) -> int:
         if self._count is None:
@@ -367,12 +376,15 @@ class ContextGuard:
     # -- compact ---------------------------------------------------------------------------
     def _compact(self, session_id: str, view: View, result: Any, summarize: Summarize) -> Replacement | None:
         attempt = result.attempt
+        self._local.view = view
         try:
             rep = self._summarise(view, attempt, result.decision, summarize)
         except SummaryFailed as exc:
             log.warning("session %s: compaction %s rejected: %s", session_id, attempt.attempt_id, exc)
             self._reject(session_id, attempt, exc.reason)
             return None
+        finally:
+            self._local.view = None
         self.share.put(
             session_id,
             attempt.attempt_id,

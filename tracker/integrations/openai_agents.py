@@ -1,0 +1,734 @@
+"""OpenAI Agents SDK: ``ContextTrackerFilter`` (a ``call_model_input_filter``) and ``ContextTrackerHooks``.
+
+::
+
+    from agents import Agent, RunConfig, Runner
+    from tracker import Tracker
+    from tracker.integrations.openai_agents import ContextTrackerFilter, ContextTrackerHooks
+
+    tracker = Tracker.from_settings()
+    config = RunConfig(call_model_input_filter=ContextTrackerFilter(tracker, model="gpt-4o", session_id="s-42"))
+    result = await Runner.run(agent, "...", run_config=config,
+                              hooks=ContextTrackerHooks(tracker, model="gpt-4o", session_id="s-42"))
+
+Before every model call the SDK hands the filter a ``CallModelData`` (the agent, the run's
+context and the ``ModelInputData``: instructions and Responses-style input items); the filter
+observes the complete request — the instructions, every input item and the agent's tools and
+handoffs — on the session and returns the ``ModelInputData`` to send. On ``compact`` the older
+items are summarised by ``summarizer`` (a callable ``(items, budget_tokens) -> str``, sync or
+async, or an SDK ``Model``; default the agent's own model) and replaced by one user message
+``{"role": "user", "content": "Summary of the earlier conversation ..."}``. A ``function_call``
+(any ``*_call`` item with a ``call_id``) is never separated from its ``function_call_output``,
+nor a ``reasoning`` item from the item it precedes. On ``wait`` it waits; another process's
+compaction of the same history is adopted; ``ContextLimitError`` propagates out of ``Runner.run``.
+See :mod:`tracker.integrations._compaction` for the whole protocol.
+
+The SDK rebuilds the model input from the run's full item list on every turn (the filter's
+output is sent, never kept), so the filter remembers, per session, the replacements it made
+and re-applies them to each new input whose items still match; a history it has not seen
+(another process, a restarted one) gets them by the protocol's adoption from the tracker's
+history and the ``share``.
+
+**The session id.** The SDK passes the ``Session`` given to ``Runner.run(session=...)``
+neither to the filter (``CallModelData`` holds the agent, the context and the input) nor to
+the hooks (they get the ``RunContextWrapper``). So the session id is, in order: ``session_id=``;
+``session=`` (an SDK ``Session``: its ``session_id``, the id the SDK itself groups the run by);
+the run context's ``session_id`` (``Runner.run(..., context=...)``: an attribute or a mapping
+key); the current trace's ``group_id`` (``RunConfig(group_id=...)``, only while tracing is on).
+With none of them the call is refused with ``InvalidInput("session_id")``.
+
+Server-managed conversations (``conversation_id=``, ``previous_response_id=``) send only the
+new items, so the filter cannot see (or shorten) the history: use the tracker with
+client-side history (the default, or an SDK ``Session``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import json
+import logging
+import os
+import threading
+import weakref
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from agents import Agent, Model, ModelResponse, ModelSettings, RunContextWrapper, RunHooks
+from agents.handoffs import Handoff, handoff
+from agents.models.interface import ModelTracing
+from agents.run_config import CallModelData, ModelInputData
+
+from tracker.errors import InvalidInput
+from tracker.integrations._compaction import (
+    SUMMARY_PREFIX,
+    ContextGuard,
+    Item,
+    Replacement,
+    SummaryShare,
+    View,
+    default_counter,
+    digest,
+    summary_prompt,
+)
+from tracker.protocol import TrackerProtocol
+
+__all__ = [
+    "ContextTrackerFilter",
+    "ContextTrackerHooks",
+    "LLMUsage",
+    "input_item",
+    "summary_input_item",
+    "to_request",
+    "view_of",
+]
+
+log = logging.getLogger("tracker.integrations")
+T = TypeVar("T")
+
+_DROPPED_KEYS = frozenset({"id", "status", "type"})  # bookkeeping of an item, not what the model reads
+
+
+# -- Responses-style input items → the tracker's request shape ---------------------------------
+
+
+def _as_dict(item: Any) -> dict[str, Any]:
+    if isinstance(item, Mapping):
+        return dict(item)
+    dump = getattr(item, "model_dump", None)
+    if callable(dump):  # a pydantic item (the SDK's own types) rather than its TypedDict form
+        return dict(dump(exclude_unset=True))
+    raise InvalidInput("input", f"an input item must be a mapping, got {type(item).__name__}")
+
+
+def _json_text(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, default=str, ensure_ascii=False)
+
+
+def _part(p: Any) -> dict[str, Any]:
+    if isinstance(p, str):
+        return {"type": "text", "text": p}
+    p = _as_dict(p)
+    kind = p.get("type")
+    if kind in ("input_text", "output_text", "text"):
+        return {"type": "text", "text": str(p.get("text", ""))}
+    if kind == "refusal":
+        return {"type": "text", "text": str(p.get("refusal", ""))}
+    if kind == "input_image" and isinstance(p.get("image_url"), str) and p["image_url"]:
+        image: dict[str, Any] = {"type": "input_image", "image_url": p["image_url"]}
+        if p.get("detail") in ("low", "high", "auto"):
+            image["detail"] = p["detail"]
+        return image
+    # files, audio, images by file id: counted as their JSON description (conservative)
+    return {"type": "text", "text": _json_text(p)}
+
+
+def _content(content: Any) -> Any:
+    if content is None or isinstance(content, str):
+        return content or ""
+    return [_part(p) for p in content]
+
+
+def input_item(item: Any) -> Item:
+    """One SDK input item as the tracker's request message(s), with the tool calls it makes / answers."""
+    d = _as_dict(item)
+    kind = d.get("type")
+    role = d.get("role")
+    if kind in (None, "message") and role in ("user", "system", "developer", "assistant"):
+        return Item(({"role": role, "content": _content(d.get("content"))},))
+    call_id = d.get("call_id")
+    if kind == "function_call":
+        args = d.get("arguments")
+        call = {
+            "type": "function_call",
+            "call_id": str(call_id),
+            "name": str(d.get("name", "")) or "function",
+            "arguments": args if isinstance(args, str) else _json_text(args),
+        }
+        return Item(({"role": "assistant", "content": [call]},), calls=frozenset({str(call_id)}))
+    if kind == "function_call_output":
+        output = d.get("output")
+        content = output if isinstance(output, str) else [_part(p) for p in output or []]  # text and images
+        return Item(
+            ({"role": "tool", "tool_call_id": str(call_id), "content": content},), results=frozenset({str(call_id)})
+        )
+    if kind == "reasoning":
+        texts = [str(s.get("text", "")) for s in (d.get("summary") or []) if isinstance(s, Mapping)]
+        texts += [str(c.get("text", "")) for c in (d.get("content") or []) if isinstance(c, Mapping)]
+        return Item(({"role": "assistant", "content": [{"type": "text", "text": "\n".join(texts)}]},))
+    # hosted and custom tool calls and their outputs (computer, shell, apply_patch, custom, mcp ...),
+    # item references, compaction items: their content as JSON text; paired by call_id like function calls
+    body = {k: v for k, v in d.items() if k not in _DROPPED_KEYS}
+    text = f"{kind}: {_json_text(body)}"
+    calls: frozenset[str] = frozenset()
+    results: frozenset[str] = frozenset()
+    if isinstance(kind, str) and isinstance(call_id, str) and call_id:
+        if kind.endswith("_output"):
+            results = frozenset({call_id})
+        elif kind.endswith("_call"):
+            calls = frozenset({call_id})
+    if kind == "mcp_approval_request" and isinstance(d.get("id"), str):
+        calls = frozenset({"approval:" + d["id"]})
+    if kind == "mcp_approval_response" and isinstance(d.get("approval_request_id"), str):
+        results = frozenset({"approval:" + d["approval_request_id"]})
+    speaker = "tool" if results else "assistant" if calls or (kind or "").endswith("_call") else "user"
+    if speaker == "tool":
+        return Item(({"role": "tool", "tool_call_id": next(iter(results)), "content": text},), results=results)
+    return Item(({"role": speaker, "content": text},), calls=calls)
+
+
+def _is_pinned(d: Mapping[str, Any]) -> bool:
+    return d.get("type") in (None, "message") and d.get("role") in ("system", "developer")
+
+
+def items_of(items: Sequence[Any]) -> tuple[Item, ...]:
+    """The items of a whole input: leading system/developer messages pinned; a ``reasoning`` item
+    bound to the item after it (the Responses API refuses a call sent without its reasoning)."""
+    out: list[Item] = []
+    leading = True
+    for i, raw in enumerate(items):
+        d = _as_dict(raw)
+        it = input_item(d)
+        leading = leading and _is_pinned(d)
+        if leading:
+            it = Item(it.messages, it.calls, it.results, pinned=True)
+        if i > 0 and _as_dict(items[i - 1]).get("type") == "reasoning":
+            it = Item(it.messages, it.calls, it.results | {f"~reasoning:{i - 1}"}, it.pinned)
+        if d.get("type") == "reasoning" and i + 1 < len(items):
+            it = Item(it.messages, it.calls | {f"~reasoning:{i}"}, it.results, it.pinned)
+        out.append(it)
+    return tuple(out)
+
+
+def _tool(t: Any) -> dict[str, Any]:
+    if isinstance(t, Handoff):
+        return {"name": t.tool_name, "description": t.tool_description or "", "parameters": t.input_json_schema or {}}
+    name = str(getattr(t, "name", "") or type(t).__name__)
+    schema = getattr(t, "params_json_schema", None)
+    if isinstance(schema, Mapping):  # FunctionTool
+        return {"name": name, "description": str(getattr(t, "description", "") or ""), "parameters": dict(schema)}
+    # hosted tools (web search, file search, computer, shell ...): their configuration as the description
+    config = getattr(t, "tool_config", None) or {
+        k: v for k, v in getattr(t, "__dict__", {}).items() if not k.startswith("_")
+    }
+    return {"name": name, "description": _json_text(config), "parameters": {}}
+
+
+def _system(instructions: str | None, output_schema: str | None = None) -> list[dict[str, Any]] | None:
+    parts = [{"type": "text", "text": instructions}] if instructions else []
+    if output_schema:
+        parts.append({"type": "text", "text": output_schema})
+    return parts or None
+
+
+def view_of(
+    items: Sequence[Any],
+    instructions: str | None = None,
+    tools: Sequence[Any] = (),
+    *,
+    revision: int = 1,
+    output_schema: str | None = None,
+) -> View:
+    """The complete request the SDK is about to send, as a :class:`View`."""
+    return View(
+        system=_system(instructions, output_schema),
+        items=items_of(items),
+        tools=tuple(_tool(t) for t in tools),
+        revision=revision,
+    )
+
+
+def to_request(items: Sequence[Any], instructions: str | None = None, tools: Sequence[Any] = ()) -> dict[str, Any]:
+    """The complete request (tracker shape): input items, instructions and the SDK's tools / handoffs."""
+    return view_of(items, instructions, tools).request()
+
+
+def summary_input_item(text: str) -> dict[str, Any]:
+    """The input item a summary becomes (it maps to :func:`~tracker.integrations._compaction.summary_item`)."""
+    return {"role": "user", "content": SUMMARY_PREFIX + text}
+
+
+def _transcript(items: Sequence[Any]) -> str:
+    lines = []
+    for raw in items:
+        for d in input_item(raw).messages:
+            content = d.get("content")
+            text = content if isinstance(content, str) else _json_text(content)
+            lines.append(f"{d['role']}: {text}")
+    return "\n".join(lines)
+
+
+# -- the tracker, sync or async ----------------------------------------------------------------
+
+
+def _is_async(tracker: Any) -> bool:
+    return inspect.iscoroutinefunction(getattr(tracker, "observe", None))
+
+
+class _OnLoop:
+    """A blocking :class:`TrackerProtocol` over an async tracker (``AsyncTrackerClient``), for the
+    guard's worker thread: each call runs on the agent's event loop, which awaits that thread."""
+
+    def __init__(self, inner: Any, loop: asyncio.AbstractEventLoop) -> None:
+        self._inner, self._loop = inner, loop
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def observe(self, session_id: str, **kw: Any) -> Any:
+        return self._run(self._inner.observe(session_id, **kw))
+
+    def request_compaction(self, session_id: str, **kw: Any) -> Any:
+        return self._run(self._inner.request_compaction(session_id, **kw))
+
+    def commit(
+        self,
+        session_id: str,
+        attempt_id: str,
+        fencing_token: int,
+        tokens_after: int,
+        idempotency_key: str | None = None,
+    ) -> Any:
+        return self._run(self._inner.commit(session_id, attempt_id, fencing_token, tokens_after, idempotency_key))
+
+    def reject(
+        self,
+        session_id: str,
+        attempt_id: str,
+        fencing_token: int,
+        reject_reason: str,
+        idempotency_key: str | None = None,
+    ) -> Any:
+        return self._run(self._inner.reject(session_id, attempt_id, fencing_token, reject_reason, idempotency_key))
+
+    def wait(self, session_id: str, attempt_id: str, timeout: float = 30.0) -> str:
+        return self._run(self._inner.wait(session_id, attempt_id, timeout=timeout))
+
+    def state(self, session_id: str) -> Any:
+        return self._run(self._inner.state(session_id))
+
+    def history(self, session_id: str, from_version: int = 1) -> Iterator[Any]:
+        async def collect() -> list[Any]:
+            return [e async for e in self._inner.history(session_id, from_version)]
+
+        return iter(self._run(collect()))
+
+
+def _context_session(context: Any) -> str | None:
+    if isinstance(context, Mapping):
+        value = context.get("session_id")
+    else:
+        value = getattr(context, "session_id", None)
+    return value if isinstance(value, str) and value else None
+
+
+def _trace_group() -> str | None:
+    from agents.tracing import get_current_trace
+
+    with contextlib.suppress(Exception):  # no trace, or a no-op trace (tracing disabled)
+        group = getattr(get_current_trace(), "group_id", None)
+        return group if isinstance(group, str) and group else None
+    return None
+
+
+def _resolve_session(explicit: str | None, sdk_session: Any, context: Any, owner: str) -> str:
+    if explicit:
+        return explicit
+    if sdk_session is not None:
+        value = getattr(sdk_session, "session_id", None)
+        if isinstance(value, str) and value.strip():
+            return value.strip()
+    found = _context_session(context) or _trace_group()
+    if not found:
+        raise InvalidInput(
+            "session_id",
+            f"{owner} has no session: pass session_id= or session= (the SDK Session), put session_id on the run's "
+            "context, or set RunConfig(group_id=...) with tracing on",
+        )
+    return found
+
+
+# -- the filter --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Made:
+    """A replacement this filter made or adopted: ``items[start:end]`` (digest ``span``) → the summary."""
+
+    rep: Replacement
+    span: str
+
+
+@dataclass
+class _Settled:
+    """What one call settled: for the hooks (the basis it was observed with)."""
+
+    basis: str
+    revision: int
+
+
+_SETTLED: dict[tuple[str, str], _Settled] = {}  # (session, digest of the sent items) → the basis, newest few
+_SETTLED_LOCK = threading.Lock()
+_SETTLED_MAX = 4096
+
+
+def _remember(session: str, items_digest: str, settled: _Settled) -> None:
+    with _SETTLED_LOCK:
+        _SETTLED.pop((session, items_digest), None)
+        _SETTLED[(session, items_digest)] = settled
+        while len(_SETTLED) > _SETTLED_MAX:
+            _SETTLED.pop(next(iter(_SETTLED)))
+
+
+def _recall(session: str, items_digest: str) -> _Settled | None:
+    with _SETTLED_LOCK:
+        return _SETTLED.get((session, items_digest))
+
+
+class ContextTrackerFilter:
+    """``RunConfig(call_model_input_filter=ContextTrackerFilter(tracker, model=...))``.
+
+    ``tracker``: an embedded ``Tracker``, a ``TrackerClient`` or an ``AsyncTrackerClient``;
+    ``model``: the tracker's registry name of the agent's model. ``summarizer``: a callable
+    ``(items, budget_tokens) -> str`` (sync or async; ``items`` are the SDK input items being
+    summarised) or an SDK ``Model``; default the agent's own model (an ``Agent.model`` given as a
+    name is resolved with ``model_provider``, default the SDK's ``MultiProvider``: if
+    ``RunConfig(model=...)`` overrides the agent's model, pass ``summarizer=`` that model).
+    ``session_id`` / ``session``: see the module's docstring. ``keep_last``, ``share``,
+    ``count_tokens``, ``wait_timeout_s``, ``models_file``: as for
+    :class:`~tracker.integrations._compaction.ContextGuard`. ``max_sessions``: how many sessions'
+    replacements the filter remembers (the oldest is forgotten first; a forgotten one is adopted back
+    from the tracker's history and the ``share`` on its next call).
+    """
+
+    def __init__(
+        self,
+        tracker: TrackerProtocol | Any,
+        *,
+        model: str,
+        session_id: str | None = None,
+        summarizer: Any = None,
+        session: Any = None,
+        keep_last: int = 6,
+        share: SummaryShare | None = None,
+        count_tokens: Callable[[dict[str, Any]], int] | None = None,
+        wait_timeout_s: float = 30.0,
+        models_file: str | os.PathLike[str] | None = None,
+        model_provider: Any = None,
+        max_sessions: int = 1024,
+    ) -> None:
+        if session_id is not None and (not isinstance(session_id, str) or not session_id):
+            raise InvalidInput("session_id", f"must be a non-empty string, got {session_id!r}")
+        if summarizer is not None and not (isinstance(summarizer, Model) or callable(summarizer)):
+            raise InvalidInput(
+                "summarizer", f"must be a callable (items, budget_tokens) -> str or an SDK Model, got {summarizer!r}"
+            )
+        if not isinstance(max_sessions, int) or isinstance(max_sessions, bool) or max_sessions < 1:
+            raise InvalidInput("max_sessions", f"must be a positive integer, got {max_sessions!r}")
+        self.tracker = tracker
+        self._async = _is_async(tracker)
+        self._guard_args: dict[str, Any] = {
+            "model": model,
+            "keep_last": keep_last,
+            "share": share,
+            "wait_timeout_s": wait_timeout_s,
+        }
+        self._models_file = models_file
+        self._counter = count_tokens
+        self._counter_lock = threading.Lock()
+        # validates model / keep_last now; an async tracker gets a guard per call, bound to the call's loop
+        self.guard = ContextGuard(tracker, count_tokens=self._count, **self._guard_args)
+        self.model = model
+        self.summarizer = summarizer
+        self.session_id = session_id
+        self.session = session
+        self.model_provider = model_provider
+        self._made: dict[str, list[_Made]] = {}
+        self._made_lock = threading.Lock()
+        self._max_sessions = max_sessions
+
+    # -- the SDK's call ----------------------------------------------------------------------
+    async def __call__(self, data: CallModelData[Any]) -> ModelInputData:
+        loop = asyncio.get_running_loop()
+        session = _resolve_session(self.session_id, self.session, data.context, "the model call")
+        agent = data.agent
+        raw = list(data.model_data.input)
+        instructions = data.model_data.instructions
+        tools = await _agent_tools(agent, data.context)
+        schema = _output_schema(agent)
+
+        items, revision = self._reapply(session, raw)
+        view = view_of(items, instructions, tools, revision=revision, output_schema=schema)
+
+        guard = self.guard if not self._async else self._loop_guard(loop)
+        sdk_of = {id(it): raw_item for it, raw_item in zip(view.items, items, strict=True)}
+
+        def summarize(start: int, end: int, budget: int) -> str:
+            # the span of the view being compacted now (it may already hold a summary adopted in this call):
+            # its SDK items, a summary standing for itself (summary_item is summary_input_item's image)
+            now = guard.compacting() or view
+            span = [sdk_of.get(id(it)) or dict(it.messages[0]) for it in now.items[start:end]]
+            return self._summarize(span, budget, agent, loop)
+
+        items_at = [items]  # the SDK items, with the replacements the call made applied
+        out = await asyncio.to_thread(self._settle, guard, session, view, summarize, items_at)
+        sent = items_at[0]
+        _remember(session, digest(out.view.items), _Settled(out.view.basis(), out.view.revision))
+        return ModelInputData(input=sent, instructions=instructions)
+
+    def _settle(self, guard: ContextGuard, session: str, view: View, summarize: Any, items_at: list[list[Any]]) -> Any:
+        """Runs in a worker thread (the tracker's calls block); applies each replacement to the SDK items too."""
+        out = guard.before_call(session, view, summarize)
+        current = view
+        for rep in out.replacements:  # each refers to the history as the one before left it
+            self._record(session, _Made(rep, digest(current.items[rep.start : rep.end])))
+            items_at[0] = items_at[0][: rep.start] + [summary_input_item(rep.summary)] + items_at[0][rep.end :]
+            current = current.apply(rep)
+        return out
+
+    def _loop_guard(self, loop: asyncio.AbstractEventLoop) -> ContextGuard:
+        return ContextGuard(_OnLoop(self.tracker, loop), count_tokens=self._count, **self._guard_args)
+
+    def _count(self, request: dict[str, Any]) -> int:
+        """The guard's ``tokens_after`` counter, built once: the tracker's own for an embedded one,
+        the model registry (``models_file``) in this process for a remote one."""
+        with self._counter_lock:
+            if self._counter is None:
+                self._counter = default_counter(self.tracker, self.model, self._models_file)
+            counter = self._counter
+        return counter(request)
+
+    # -- the replacements made so far, re-applied to the SDK's full input each turn ----------
+    def _record(self, session: str, made: _Made) -> None:
+        with self._made_lock:
+            self._made.setdefault(session, []).append(made)
+            while len(self._made) > self._max_sessions:
+                self._made.pop(next(iter(self._made)))
+
+    def _reapply(self, session: str, raw: list[Any]) -> tuple[list[Any], int]:
+        with self._made_lock:
+            made = list(self._made.get(session, ()))
+        items, revision = raw, 1
+        its = items_of(raw)
+        for n, m in enumerate(made):
+            rep = m.rep
+            if rep.end > len(items) or digest(its[rep.start : rep.end]) != m.span:
+                with self._made_lock:  # this history is not the one compacted: forget the rest
+                    self._made[session] = made[:n]
+                break
+            items = items[: rep.start] + [summary_input_item(rep.summary)] + items[rep.end :]
+            its = its[: rep.start] + items_of([items[rep.start]]) + its[rep.end :]
+            revision = rep.revision
+        return items, revision
+
+    # -- summaries -----------------------------------------------------------------------------
+    def _summarize(self, items: list[Any], budget: int, agent: Agent[Any], loop: asyncio.AbstractEventLoop) -> str:
+        """Runs in the worker thread; anything async runs on the agent's own loop, which awaits this thread."""
+        summarizer = self.summarizer
+        if summarizer is None or isinstance(summarizer, Model):
+            model = summarizer if summarizer is not None else self._agent_model(agent)
+            prompt = summary_prompt(_transcript(items), budget)
+            return asyncio.run_coroutine_threadsafe(_ask(model, prompt), loop).result()
+        result = summarizer(items, budget)
+        if inspect.isawaitable(result):
+            return asyncio.run_coroutine_threadsafe(_awaited(result), loop).result()
+        return str(result)
+
+    def _agent_model(self, agent: Agent[Any]) -> Model:
+        if isinstance(agent.model, Model):
+            return agent.model
+        provider = self.model_provider
+        if provider is None:
+            from agents import MultiProvider
+
+            provider = self.model_provider = MultiProvider()
+        model: Model = provider.get_model(agent.model)
+        return model
+
+
+async def _agent_tools(agent: Agent[Any], context: Any) -> list[Any]:
+    """The tools and handoffs the SDK sends with this agent's model call."""
+    wrapper = RunContextWrapper(context=context)
+    tools: list[Any] = list(await agent.get_all_tools(wrapper))
+    for h in agent.handoffs:
+        tools.append(h if isinstance(h, Handoff) else handoff(h))
+    return tools
+
+
+def _output_schema(agent: Agent[Any]) -> str | None:
+    if agent.output_type is None or agent.output_type is str:
+        return None
+    from agents.agent_output import AgentOutputSchema, AgentOutputSchemaBase
+
+    with contextlib.suppress(Exception):  # an output type the SDK cannot describe: it fails the run itself
+        output = agent.output_type
+        schema = output if isinstance(output, AgentOutputSchemaBase) else AgentOutputSchema(output)
+        if schema.is_plain_text():
+            return None
+        return _json_text(schema.json_schema())
+    return None
+
+
+async def _ask(model: Model, prompt: str) -> str:
+    response = await model.get_response(
+        None,
+        [{"role": "user", "content": prompt}],
+        ModelSettings(),
+        [],
+        None,
+        [],
+        ModelTracing.DISABLED,
+        previous_response_id=None,
+        conversation_id=None,
+        prompt=None,
+    )
+    texts = [
+        str(getattr(part, "text", ""))
+        for out in response.output
+        if getattr(out, "type", None) == "message"
+        for part in getattr(out, "content", None) or []
+        if getattr(part, "type", None) == "output_text"
+    ]
+    return "".join(texts)
+
+
+async def _awaited(value: Awaitable[str]) -> str:
+    return str(await value)
+
+
+# -- the usage hooks ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LLMUsage:
+    """The provider's usage of one model call, and the basis the tracker observed that call's request with."""
+
+    session_id: str
+    model: str
+    basis: str | None
+    input_tokens: int
+    output_tokens: int
+    cached_input_tokens: int = 0
+    reasoning_tokens: int = 0
+    total_tokens: int = 0
+    requests: int = 1
+    response_id: str | None = None
+    agent: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class ContextTrackerHooks(RunHooks[Any]):
+    """``Runner.run(..., hooks=ContextTrackerHooks(tracker, model=...))``: the usage of every LLM call.
+
+    ``on_llm_start`` notes the request the model is sent (and, from the
+    :class:`ContextTrackerFilter` that settled it, the basis it was observed with: ``r<revision>:h<digest>``;
+    without the filter, ``r1:h<digest>`` for a history holding no summary); ``on_llm_end`` takes the
+    response's ``Usage`` (input, cached input, output and reasoning tokens) and records an
+    :class:`LLMUsage` in ``usages`` (the newest ``keep`` of them).
+
+    It then calls ``tracker.report_usage(session_id, basis=..., input_tokens=..., ...)`` **when the
+    tracker has that method**. No tracker has it yet (a later step adds it), so until then the
+    report is a no-op: the usage is collected here and nothing is sent. The keyword arguments passed
+    are those of :class:`LLMUsage` that ``report_usage``'s signature accepts. A report that fails is
+    logged, never raised into the run.
+    """
+
+    def __init__(
+        self,
+        tracker: TrackerProtocol | Any,
+        *,
+        model: str,
+        session_id: str | None = None,
+        session: Any = None,
+        keep: int = 1000,
+    ) -> None:
+        if not isinstance(model, str) or not model:
+            raise InvalidInput("model", "the tracker's registry name of the model is required")
+        self.tracker = tracker
+        self.model = model
+        self.session_id = session_id
+        self.session = session
+        self.keep = keep
+        self.usages: list[LLMUsage] = []
+        self._pending: weakref.WeakKeyDictionary[Any, list[tuple[str, str | None]]] = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+
+    @property
+    def reports_usage(self) -> bool:
+        """Whether the tracker takes usage reports (``report_usage``); False until that API exists."""
+        return callable(getattr(self.tracker, "report_usage", None))
+
+    async def on_llm_start(
+        self, context: RunContextWrapper[Any], agent: Agent[Any], system_prompt: str | None, input_items: list[Any]
+    ) -> None:
+        session = _resolve_session(self.session_id, self.session, context.context, "the LLM call")
+        items = items_of(input_items)
+        d = digest(items)
+        settled = _recall(session, d)
+        if settled is not None:
+            basis: str | None = settled.basis
+        elif not any(SUMMARY_PREFIX in _json_text(m.get("content")) for it in items for m in it.messages):
+            basis = View(system=None, items=items).basis()
+        else:
+            basis = None  # a compacted history this process did not settle: its revision is unknown here
+        with self._lock:
+            self._pending.setdefault(context, []).append((session, basis))
+
+    async def on_llm_end(self, context: RunContextWrapper[Any], agent: Agent[Any], response: ModelResponse) -> None:
+        with self._lock:
+            pending = self._pending.get(context) or []
+            session, basis = (
+                pending.pop(0)
+                if pending
+                else (_resolve_session(self.session_id, self.session, context.context, "the LLM call"), None)
+            )
+        u = response.usage
+        cached = getattr(getattr(u, "input_tokens_details", None), "cached_tokens", 0) or 0
+        reasoning = getattr(getattr(u, "output_tokens_details", None), "reasoning_tokens", 0) or 0
+        usage = LLMUsage(
+            session_id=session,
+            model=self.model,
+            basis=basis,
+            input_tokens=int(u.input_tokens),
+            output_tokens=int(u.output_tokens),
+            cached_input_tokens=int(cached),
+            reasoning_tokens=int(reasoning),
+            total_tokens=int(u.total_tokens),
+            requests=int(u.requests),
+            response_id=response.response_id,
+            agent=getattr(agent, "name", None),
+        )
+        with self._lock:
+            self.usages.append(usage)
+            del self.usages[: max(0, len(self.usages) - self.keep)]
+        await self._report(usage)
+
+    async def _report(self, usage: LLMUsage) -> None:
+        report = getattr(self.tracker, "report_usage", None)
+        if not callable(report):
+            return  # the tracker has no usage-report API yet: collected, not sent
+        if usage.basis is None:
+            log.warning("session %s: usage of an LLM call with no known basis is not reported", usage.session_id)
+            return
+        offered = {
+            "basis": usage.basis,
+            "input_tokens": usage.input_tokens,
+            "output_tokens": usage.output_tokens,
+            "cached_input_tokens": usage.cached_input_tokens,
+            "reasoning_tokens": usage.reasoning_tokens,
+            "total_tokens": usage.total_tokens,
+            "model": usage.model,
+            "response_id": usage.response_id,
+        }
+        try:
+            params = inspect.signature(report).parameters
+            if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+                offered = {k: v for k, v in offered.items() if k in params}
+            if inspect.iscoroutinefunction(report):
+                await report(usage.session_id, **offered)
+            else:
+                await asyncio.to_thread(report, usage.session_id, **offered)
+        except Exception as exc:  # noqa: BLE001 - a usage report never breaks the agent's run
+            log.warning("session %s: usage report failed: %s: %s", usage.session_id, type(exc).__name__, exc)
