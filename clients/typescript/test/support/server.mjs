@@ -43,10 +43,13 @@ export async function startTracker(options = {}) {
   }
   Object.assign(env, options.env || {});
   await cli(env, "db", "upgrade");
-  const fleet = JSON.parse(await cli(env, "fleet", "create", `ts-${Date.now().toString(36)}`, "--json"));
-  const key = JSON.parse(await cli(env, "key", "create", fleet.name, "--json"));
-  const other = JSON.parse(await cli(env, "fleet", "create", `ts-other-${Date.now().toString(36)}`, "--json"));
-  const otherKey = JSON.parse(await cli(env, "key", "create", other.name, "--json"));
+  const stamp = Date.now().toString(36);
+  const [fleet, other] = await Promise.all(
+    [`ts-${stamp}`, `ts-other-${stamp}`].map(async (name) => JSON.parse(await cli(env, "fleet", "create", name, "--json"))),
+  );
+  const [key, otherKey] = await Promise.all(
+    [fleet, other].map(async (f) => JSON.parse(await cli(env, "key", "create", f.name, "--json"))),
+  );
   const port = await freePort();
   const proc = spawn(PYTHON, ["-m", "tracker.cli", "serve", "--port", String(port), "--no-access-log"], {
     env,
