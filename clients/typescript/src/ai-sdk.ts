@@ -59,7 +59,19 @@ import { checkSessionId } from "./validate.js";
 import { estimateTokens } from "./heuristic.js";
 import { InvalidInput } from "./errors.js";
 
-export { SUMMARY_PREFIX, MARKER } from "./compaction.js";
+export {
+  SUMMARY_PREFIX,
+  MARKER,
+  MemoryShare,
+  ContextGuard,
+  View,
+  cutPoints,
+  summaryPrompt,
+  type SummaryShare,
+  type Item,
+  type Replacement,
+  type CountTokens,
+} from "./compaction.js";
 
 export type SummarizeMessages = (messages: LanguageModelV3Message[], budgetTokens: number) => Promise<string> | string;
 

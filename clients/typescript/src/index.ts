@@ -25,4 +25,5 @@ export {
   type CanonicalRequest,
   type CanonicalTool,
 } from "./canonical.js";
+export { estimateTokens, heuristicTextTokens } from "./heuristic.js";
 export type { components, paths, operations } from "./schema.js";
