@@ -217,9 +217,11 @@ export class TrackerClient {
       checkMeasurement(b.measurement);
     } else {
       checkObject("request", b.request);
-      canonicalRequest(b.request); // the tracker would refuse it with the same field
+      if (!present(b.model)) throw InvalidInput.of("model", "is required when counting a request");
       checkText("model", b.model, 200);
+      if (!present(b.basis)) throw InvalidInput.of("basis", "is required when counting a request");
       checkText("basis", b.basis, 220);
+      canonicalRequest(b.request); // the tracker would refuse it with the same field
     }
     if (present(b.compaction_threshold)) checkNumber("compaction_threshold", b.compaction_threshold);
     if (present(b.scope)) checkText("scope", b.scope, 100);

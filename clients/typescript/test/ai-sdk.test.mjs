@@ -261,6 +261,41 @@ describe("contextTrackerMiddleware in generateText", () => {
     assert.equal(log.at(-1).type, "ContextLimitReached");
   });
 
+  test("at the hard limit while another holder's attempt is open, it waits for that attempt, then compacts", async () => {
+    const sessionId = sid();
+    // another process holds an automatic attempt on its own basis
+    const other = await client.observe(sessionId, { measurement: { basis: "r1:other", input_tokens: 3000, input_limit: 3000 } });
+    assert.equal(other.action, "compact");
+    const prompt = [{ role: "system", content: "Answer briefly." }];
+    for (let i = 1; i <= 10; i++) {
+      prompt.push({ role: "user", content: [{ type: "text", text: page(i) }] });
+      prompt.push({ role: "assistant", content: [{ type: "text", text: `Noted page ${i}.` }] });
+    }
+    prompt.push({ role: "user", content: [{ type: "text", text: "What happened?" }] });
+    const model = new MockLanguageModelV3({
+      doGenerate: async () => ({ content: [{ type: "text", text: "Figures rose." }], finishReason: { unified: "stop", raw: "stop" }, usage, warnings: [] }),
+    });
+    const wrapped = wrapLanguageModel({
+      model,
+      middleware: contextTrackerMiddleware({ client, sessionId, model: MODEL, keepLast: 2, log: () => {}, summarize: () => "Ten pages read; figures rose." }),
+    });
+    assert.ok(estimateTokens(toRequest({ prompt })) >= 3000, "the prompt is at the hard limit");
+    const started = performance.now();
+    setTimeout(() => {
+      client.reject(sessionId, other.attempt.attempt_id, { fencing_token: other.attempt.fencing_token, reject_reason: "gave_up" });
+    }, 500);
+    const result = await wrapped.doGenerate({ prompt });
+    assert.equal(result.content[0].text, "Figures rose.");
+    assert.ok(performance.now() - started >= 450, "it waited for the other attempt");
+    const log = await events(client, sessionId);
+    const actions = log.filter((e) => e.type === "ContextMeasured").map((e) => e.data.action);
+    assert.deepEqual(actions.slice(0, 3), ["compact", "wait", "compact"]);
+    assert.equal(log.filter((e) => e.type === "CompactionCommitted").length, 1);
+    assert.equal(actions.at(-1), "proceed");
+    const sent = model.doGenerateCalls[0].prompt;
+    assert.ok(sent.length < prompt.length && sent[1].providerOptions?.contextTracker?.revision === 2);
+  });
+
   test("another holder of the same history adopts the compaction from the share (StaleBasis, then adopt)", async () => {
     const sessionId = sid();
     const share = new MemoryShare();

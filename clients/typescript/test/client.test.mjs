@@ -245,6 +245,27 @@ describe("bad input is refused before any request, as the server refuses it", ()
       { request: { messages: [{ role: "robot", content: "x" }] }, model: "gpt-4o", basis: "b1" },
     ],
     [
+      "a request without a model",
+      (c) => c.observe("s1", { request: { messages: [] }, basis: "b1" }),
+      "POST",
+      "/v1/sessions/s1/observe",
+      { request: { messages: [] }, basis: "b1" },
+    ],
+    [
+      "a request without a basis",
+      (c) => c.observe("s1", { request: { messages: [] }, model: "gpt-4o" }),
+      "POST",
+      "/v1/sessions/s1/observe",
+      { request: { messages: [] }, model: "gpt-4o" },
+    ],
+    [
+      "a tool result part with a non-boolean is_error",
+      (c) => c.observe("s1", { request: { messages: [{ role: "user", content: [{ type: "tool_result", tool_use_id: "t", is_error: 1 }] }] }, model: "gpt-4o", basis: "b1" }),
+      "POST",
+      "/v1/sessions/s1/observe",
+      { request: { messages: [{ role: "user", content: [{ type: "tool_result", tool_use_id: "t", is_error: 1 }] }] }, model: "gpt-4o", basis: "b1" },
+    ],
+    [
       "negative tokens_after",
       (c) => c.commit("s1", "a1", { fencing_token: 1, tokens_after: -1 }),
       "POST",
