@@ -1,0 +1,55 @@
+"""The TypeScript client's own tests (clients/typescript, ``node --test``), run from the project's pytest.
+
+They start real ``tracker serve`` processes from this tree (SQLite in temp dirs, fleets and keys
+made with the CLI) and drive them with ``@context-tracker/client`` and its AI SDK middleware.
+``npm ci`` installs the locked dev dependencies first when ``node_modules`` is missing; without
+``node`` / ``npm`` (or with a Node older than 20) the test is skipped and says why.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "clients" / "typescript"
+
+pytestmark = pytest.mark.slow
+
+
+def _node_major(node: str) -> int:
+    out = subprocess.run([node, "--version"], capture_output=True, text=True, timeout=30).stdout.strip()
+    match = re.match(r"v(\d+)\.", out)
+    return int(match.group(1)) if match else 0
+
+
+def test_the_typescript_client_suite_passes():
+    node, npm = shutil.which("node"), shutil.which("npm")
+    if node is None or npm is None:
+        pytest.skip(f"the TypeScript client needs node and npm on PATH (node: {node}, npm: {npm})")
+    if _node_major(node) < 20:
+        pytest.skip(f"the TypeScript client needs Node 20 or newer, found {_node_major(node)}")
+    env = {
+        **os.environ,
+        "PYTHON": sys.executable,  # the servers the suite starts run this interpreter ...
+        "PYTHONPATH": os.pathsep.join(
+            p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p
+        ),  # ... on this tree
+    }
+    if not (PACKAGE / "node_modules").is_dir():
+        ci = subprocess.run(
+            [npm, "ci", "--no-audit", "--no-fund"], cwd=PACKAGE, env=env, capture_output=True, text=True, timeout=600
+        )
+        assert ci.returncode == 0, f"npm ci failed:\n{ci.stdout[-3000:]}\n{ci.stderr[-3000:]}"
+    run = subprocess.run([npm, "test"], cwd=PACKAGE, env=env, capture_output=True, text=True, timeout=900)
+    output = run.stdout + run.stderr
+    assert run.returncode == 0, f"npm test failed:\n{output[-6000:]}"
+    counts = dict(re.findall(r"^# (tests|pass|fail) (\d+)$", run.stdout, flags=re.MULTILINE))
+    assert int(counts.get("tests", 0)) > 0 and counts.get("fail") == "0", output[-3000:]
+    assert counts["pass"] == counts["tests"], output[-3000:]
