@@ -120,6 +120,12 @@ def _scale(quick: bool, targets: Targets, settings: Settings, result: dict[str, 
     return run_scale_bench(targets.pg, quick)
 
 
+def _pooler(quick: bool, targets: Targets, settings: Settings, result: dict[str, Any]) -> dict[str, Any]:
+    from tracker.bench.pooler import run_pooler_bench
+
+    return run_pooler_bench(targets.pg, quick)
+
+
 SECTIONS: dict[str, Section] = {
     "core": Section(_core, lambda t: {}),
     "store": Section(_store, lambda t: {"postgres": mask(t.pg)}),
@@ -127,6 +133,9 @@ SECTIONS: dict[str, Section] = {
     "service": Section(_service, lambda t: {"postgres": mask(t.pg), "redis": mask(t.redis)}),
     "http": Section(_http, lambda t: {"postgres": mask(t.pg), "redis": mask(t.redis)}),
     "scale": Section(_scale, lambda t: {"postgres": mask(t.pg)}),
+    "pooler": Section(
+        _pooler, lambda t: {"postgres": mask(t.pg), "pgbouncer": "started by the bench (transaction mode)"}
+    ),
 }
 
 
