@@ -17,7 +17,9 @@ and the event feed only shows what every transaction older than it has finished 
 from __future__ import annotations
 
 import fcntl
+import tempfile
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -31,6 +33,15 @@ SERIAL_MODULES = {
     "tests.integration.test_hot_path",
     "tests.integration.test_fleets_race",
 }
+# Tests that write on PostgreSQL and read the event feed at once: the feed shows an event only when every
+# transaction older than it has ended on the whole server (any database), so another test's migration or
+# open transaction beside them would hide their own writes. They run alone too.
+SERIAL_TESTS = {
+    "tests.integration.test_store_contract": {
+        "test_read_all_is_ordered_and_pages",
+        "test_read_all_session_prefix_filters_exactly_and_pages",
+    },
+}
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -39,7 +50,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         module = item.module.__name__ if getattr(item, "module", None) is not None else ""
         if any(True for _ in item.iter_markers("xdist_group")):
             continue
-        if module in SERIAL_MODULES:
+        if module in SERIAL_MODULES or getattr(item, "originalname", item.name) in SERIAL_TESTS.get(module, ()):
             item.add_marker(pytest.mark.xdist_group("serial"))
         elif module.startswith(("tests.integration.", "tests.e2e.")):
             item.add_marker(pytest.mark.xdist_group(module.rsplit(".", 1)[-1]))
@@ -49,19 +60,24 @@ def _is_serial(item: pytest.Item) -> bool:
     return any(m.args[:1] == ("serial",) or m.kwargs.get("name") == "serial" for m in item.iter_markers("xdist_group"))
 
 
-@pytest.fixture(autouse=True)
-def _serial_tests_run_alone(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
-    """Under pytest-xdist: a ``serial`` test holds the workers' lock exclusively, every other test shares it."""
-    if not hasattr(request.config, "workerinput"):  # one process: nothing runs beside anything
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    """Under pytest-xdist: a ``serial`` test (its setup, module fixtures included, call and teardown) holds
+    the workers' lock exclusively, every other test shares it; a waiting ``serial`` test lets no new test
+    start (the turnstile), so it never starves."""
+    workerinput = getattr(item.config, "workerinput", None)
+    if workerinput is None:  # one process: nothing runs beside anything
         yield
         return
-    lock = tmp_path_factory.getbasetemp().parent / "serial.lock"  # the same folder for every worker of a run
-    with open(lock, "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX if _is_serial(request.node) else fcntl.LOCK_SH)
+    base = Path(tempfile.gettempdir()) / f"ct-pytest-{workerinput['testrunuid']}"
+    with open(f"{base}.turnstile", "a") as turnstile, open(f"{base}.lock", "a") as lock:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        fcntl.flock(lock, fcntl.LOCK_EX if _is_serial(item) else fcntl.LOCK_SH)
+        fcntl.flock(turnstile, fcntl.LOCK_UN)
         try:
             yield
         finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 @pytest.fixture
