@@ -15,13 +15,7 @@ lines that concern the tracker are the ones marked ``# <- context tracker``.
 
 from __future__ import annotations
 
-import argparse
-import hashlib
-import json
-import random
 import sys
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -29,60 +23,18 @@ from pydantic_ai import Agent
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
-from tracker import ContextLimitError, Tracker, TrackerError
+from tracker import ContextLimitError, Tracker
 from tracker.core.model import Basis
-from tracker.integrations import RedisShare
 from tracker.integrations.pydantic_ai import ContextTrackerCapability, revision_of, to_request  # <- context tracker
-from tracker.settings import Settings
-from tracker.store.migrate import upgrade
 
-MODEL = "example-agent-small"  # the tracker's registry name for the agent's model
-# input limit = min(window - max_output_tokens, max_input_tokens) - safety_margin = 11000 - 8192 = 2808 tokens
-MODELS = {
-    "models": {
-        MODEL: {
-            "provider": "openai",
-            "window": 20000,
-            "max_output_tokens": 1000,
-            "max_input_tokens": 11000,
-            "counter": "exact_local",
-            "encoding": "o200k_base",
-        }
-    }
-}
-SYSTEM = "You are a careful engineer. Read the files you need, one at a time, then say what is wrong."
-WORDS = (
-    "timeout",
-    "retry",
-    "budget",
-    "batch",
-    "cache",
-    "lock",
-    "queue",
-    "worker",
-    "parse",
-    "flush",
-    "index",
-    "token",
-    "window",
-    "commit",
-    "lease",
-    "fence",
-    "shard",
-    "replica",
-    "cursor",
-    "stream",
-)
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # agent_common.py, beside this file
+import agent_common  # noqa: E402
+from agent_common import MODEL, MODELS, QUESTION, SYSTEM, SummarizerBase, source_file  # noqa: E402, F401
 
 
 def read_file(path: str) -> str:
     """Read one source file of the repository."""
-    rng = random.Random(hashlib.sha256(path.encode()).hexdigest())
-    lines = [f"# {path}"]
-    for n in range(14):
-        a, b, c = rng.sample(WORDS, 3)
-        lines.append(f"def {a}_{b}_{n}(x):  # {c} handling, see {rng.choice(WORDS)} notes")
-    return "\n".join(lines)
+    return source_file(path)
 
 
 class Script:
@@ -108,25 +60,17 @@ class Script:
         )
 
 
-class Summarizer:
+class Summarizer(SummarizerBase):
     """A deterministic summariser (a real agent passes an Agent or a model call): lists the files read so far."""
 
-    def __init__(self, delay_s: float = 0.0, fail: bool = False) -> None:
-        self.delay_s, self.fail, self.calls = delay_s, fail, 0
-
-    def __call__(self, messages: list[ModelMessage], budget_tokens: int) -> str:
-        self.calls += 1
-        if self.fail:
-            raise RuntimeError("the summariser is unavailable")
-        time.sleep(self.delay_s)
-        read = [
+    def files_read(self, messages: list[ModelMessage]) -> list[str]:
+        return [
             p.args_as_dict()["path"]
             for m in messages
             if isinstance(m, ModelResponse)
             for p in m.parts
             if isinstance(p, ToolCallPart)
         ]
-        return f"The user asked what is wrong. Files already read ({len(read)}): {', '.join(read)}. Nothing conclusive yet."
 
 
 def build(
@@ -159,7 +103,7 @@ def run(
     agent, script = build(tracker, steps=steps, summarizer=summarizer, session_id=session, share=share)
     report: dict[str, Any] = {"session": session, "answer": None, "error": None}
     try:
-        result = agent.run_sync("What is wrong with the lease handling?")
+        result = agent.run_sync(QUESTION)
         messages = result.all_messages()
         report["answer"] = result.output
         report["revision"] = revision_of(messages)
@@ -170,61 +114,20 @@ def run(
         report["error"] = exc.to_dict()
     report["summarizer_calls"] = summarizer.calls
     report["model_requests"] = [request_tokens(tracker, m, info) for m, info in script.requests]
-    report["events"] = [
-        {
-            "type": e.type,
-            **{
-                k: e.data[k]
-                for k in ("attempt_id", "tokens_before", "tokens_after", "reject_reason", "basis", "input_tokens")
-                if k in e.data
-            },
-        }
-        for e in tracker.history(session)
-        if e.type.startswith("Compaction") or e.type == "ContextLimitReached"
-    ]
+    report["events"] = agent_common.compaction_events(tracker, session)
     return report
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--database-url", help="default: a SQLite file in a temporary directory")
-    p.add_argument("--redis-url")
-    p.add_argument("--session", default="pydantic-ai-example")
-    p.add_argument("--steps", type=int, default=16)
-    p.add_argument("--failing-summarizer", action="store_true")
-    p.add_argument("--summary-delay", type=float, default=0.0, help="seconds the summariser takes")
-    p.add_argument("--share-redis", action="store_true", help="publish compactions to Redis for other processes")
-    p.add_argument("--no-upgrade", action="store_true", help="the database is already migrated")
-    p.add_argument("--start-at", type=float, default=0.0, help="wall-clock time to start at (line processes up)")
-    p.add_argument("--json", action="store_true")
-    args = p.parse_args(argv)
-
-    workdir = Path(tempfile.mkdtemp(prefix="ct-pydantic-ai-"))
-    models_file = workdir / "models.json"
-    models_file.write_text(json.dumps(MODELS))
-    url = args.database_url or f"sqlite:///{workdir / 'tracker.db'}"
-    if not args.no_upgrade:
-        upgrade(url)
-    settings = Settings.of(database_url=url, redis_url=args.redis_url, models_file=str(models_file))
-    share = RedisShare(args.redis_url, prefix=f"ct-example:{args.session}:") if args.share_redis else None
-    summarizer = Summarizer(delay_s=args.summary_delay, fail=args.failing_summarizer)
-    with Tracker.from_settings(settings) as tracker:
-        tracker.counting.warm()  # load the encodings now, not inside the first count's time limit
-        time.sleep(max(0.0, args.start_at - time.time()))
-        report = run(tracker, args.session, steps=args.steps, summarizer=summarizer, share=share)
-    if args.json:
-        print(json.dumps(report))
-    else:
-        print(f"answer: {report['answer']}" if report["answer"] else f"stopped: {report['error']['message']}")
-        print("model requests (tokens):", report["model_requests"])
-        for e in report["events"]:
-            print(" ", e)
-    return 0 if report["answer"] else 1
+    return agent_common.main(
+        argv,
+        description=__doc__.splitlines()[0],
+        session="pydantic-ai-example",
+        prefix="ct-pydantic-ai-",
+        run=run,
+        summarizer=Summarizer,
+    )
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except TrackerError as exc:
-        print(json.dumps(exc.to_dict()), file=sys.stderr)
-        sys.exit(2)
+    agent_common.run_main(main)

@@ -1,36 +1,83 @@
-"""Shared fixtures: real PostgreSQL and Redis on loopback, one throwaway database per test run.
+"""The fixtures every tier shares, and how the suite runs in parallel.
 
-Every test run creates its own database (``ct_<random>``) on the server at
-``TRACKER_TEST_PG`` (default ``postgresql://postgres@127.0.0.1:5432/test``) and
-drops it afterwards, so parallel runs and helper processes never collide.
-Redis tests use their own key prefix / logical database for the same reason.
+The tiers: ``tests/unit`` (no service, no subprocess), ``tests/integration`` (real PostgreSQL, Redis,
+a Celery worker), ``tests/e2e`` (the CLI, ``tracker serve``, a browser). The helpers are in
+``tests/support`` (db, api, cli, procs, workers and the test doubles); test modules import them from
+there, never from this file.
+
+Parallel runs (pytest-xdist, ``-n 2 --dist loadgroup`` from pyproject's addopts): unit tests are
+spread one by one; the tests of an integration or e2e module stay together on one worker (their
+module-scoped servers are built once); tests that measure time or race processes against each other
+run in the ``serial`` group, one after another on one worker, and alone: while one of them runs, the
+other worker waits (a file lock the workers share: exclusive for a ``serial`` test, shared for any
+other). Besides the CPU, the races keep transactions open on the PostgreSQL server without a pause,
+and the event feed only shows what every transaction older than it has finished with.
 """
 
 from __future__ import annotations
 
-import os
+import fcntl
+import tempfile
 import uuid
+from pathlib import Path
 
 import pytest
 
-from tracker.bench.procs import create_scratch_db, drop_scratch_db
-from tracker.settings import normalize_database_url
+from tests.support.db import REDIS_URL, create_pg_database, drop_pg_database, sqlalchemy_url
 
-PG_ADMIN_URL = os.environ.get("TRACKER_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
-REDIS_URL = os.environ.get("TRACKER_TEST_REDIS", "redis://127.0.0.1:6379/0")
+# CPU-sensitive tests (16-process races, latency ratios, wall-clock budgets): one group, so they never
+# race each other for the machine's cores. (A test may also say so itself: @pytest.mark.xdist_group("serial").)
+SERIAL_MODULES = {
+    "tests.integration.test_service_race",
+    "tests.integration.test_store_concurrency",
+    "tests.integration.test_hot_path",
+    "tests.integration.test_fleets_race",
+}
+# Tests that write on PostgreSQL and read the event feed at once: the feed shows an event only when every
+# transaction older than it has ended on the whole server (any database), so another test's migration or
+# open transaction beside them would hide their own writes. They run alone too.
+SERIAL_TESTS = {
+    "tests.integration.test_store_contract": {
+        "test_read_all_is_ordered_and_pages",
+        "test_read_all_session_prefix_filters_exactly_and_pages",
+    },
+}
 
 
-def _sqlalchemy_url(libpq_url: str) -> str:
-    return normalize_database_url(libpq_url)
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        module = item.module.__name__ if getattr(item, "module", None) is not None else ""
+        if any(True for _ in item.iter_markers("xdist_group")):
+            continue
+        if module in SERIAL_MODULES or getattr(item, "originalname", item.name) in SERIAL_TESTS.get(module, ()):
+            item.add_marker(pytest.mark.xdist_group("serial"))
+        elif module.startswith(("tests.integration.", "tests.e2e.")):
+            item.add_marker(pytest.mark.xdist_group(module.rsplit(".", 1)[-1]))
 
 
-def create_pg_database(prefix: str = "ct") -> tuple[str, str]:
-    """Create a fresh database; return (name, libpq url)."""
-    return create_scratch_db(PG_ADMIN_URL, prefix)
+def _is_serial(item: pytest.Item) -> bool:
+    return any(m.args[:1] == ("serial",) or m.kwargs.get("name") == "serial" for m in item.iter_markers("xdist_group"))
 
 
-def drop_pg_database(name: str) -> None:
-    drop_scratch_db(PG_ADMIN_URL, name)
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    """Under pytest-xdist: a ``serial`` test (its setup, module fixtures included, call and teardown) holds
+    the workers' lock exclusively, every other test shares it; a waiting ``serial`` test lets no new test
+    start (the turnstile), so it never starves."""
+    workerinput = getattr(item.config, "workerinput", None)
+    if workerinput is None:  # one process: nothing runs beside anything
+        yield
+        return
+    base = Path(tempfile.gettempdir()) / f"ct-pytest-{workerinput['testrunuid']}"
+    with open(f"{base}.turnstile", "a") as turnstile, open(f"{base}.lock", "a") as lock:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        fcntl.flock(lock, fcntl.LOCK_EX if _is_serial(item) else fcntl.LOCK_SH)
+        fcntl.flock(turnstile, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 @pytest.fixture
@@ -38,7 +85,7 @@ def pg_url():
     """A SQLAlchemy URL (postgresql+psycopg://...) to a fresh, empty database; dropped afterwards."""
     name, url = create_pg_database()
     try:
-        yield _sqlalchemy_url(url)
+        yield sqlalchemy_url(url)
     finally:
         drop_pg_database(name)
 
@@ -56,7 +103,7 @@ def db_url(request, tmp_path):
     else:
         name, url = create_pg_database()
         try:
-            yield _sqlalchemy_url(url)
+            yield sqlalchemy_url(url)
         finally:
             drop_pg_database(name)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 
@@ -18,5 +19,9 @@ class KillableWorker(WorkerProcess):
 
     def pool_children(self) -> list[int]:
         """Pids of the worker's pool processes."""
+        if shutil.which("pgrep") is None:
+            import pytest
+
+            pytest.skip("pgrep is not installed (apt-get install procps; .ci/run does)")
         out = subprocess.run(["pgrep", "-P", str(self._running().pid)], capture_output=True, text=True)
         return [int(p) for p in out.stdout.split()]

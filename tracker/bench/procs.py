@@ -1,9 +1,10 @@
-"""Process helpers the bench and the tests share: scratch Postgres databases, a spawn pool with
-a common start line, free loopback ports, ``tracker serve`` subprocesses and Celery count
-worker subprocesses (``WorkerProcess``, ``stop_process_group``, ``port_open``).
+"""Process helpers of the bench: scratch Postgres databases, a spawn pool with a common start line,
+free loopback ports, ``tracker serve`` subprocesses and Celery count worker subprocesses
+(``WorkerProcess``, ``stop_process_group``).
 
 They sit in the bench package (the top of the layer list), so nothing in the product imports
-them; tests import them from here instead of keeping copies.
+them. The tests reuse them through their own harness (tests/support), which keeps the helpers
+only the tests need.
 """
 
 from __future__ import annotations
@@ -59,16 +60,6 @@ def drop_scratch_db(admin_url: str, name: str) -> None:
 
     with psycopg.connect(libpq_url(admin_url), autocommit=True, connect_timeout=10) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
-@contextmanager
-def scratch_db(admin_url: str, prefix: str = "ct") -> Iterator[str]:
-    """A fresh database for the ``with`` block (its libpq URL), dropped afterwards."""
-    name, url = create_scratch_db(admin_url, prefix)
-    try:
-        yield url
-    finally:
-        drop_scratch_db(admin_url, name)
 
 
 # -- a pool of spawned processes with a common start line -------------------------------------------
@@ -169,15 +160,6 @@ def stop_server(proc: subprocess.Popen, grace_s: float = 10) -> None:
 # -- Celery worker subprocesses ---------------------------------------------------------------------
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
-    """Whether something accepts TCP connections on ``host:port`` (a broker that may be down)."""
-    try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return True
-    except OSError:
-        return False
 
 
 def stop_process_group(proc: subprocess.Popen, grace_s: float = 10) -> None:

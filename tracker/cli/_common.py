@@ -20,11 +20,11 @@ from rich.text import Text
 
 from tracker.core.model import JSON_SAFE_INT
 from tracker.errors import InvalidInput, SchemaOutOfDate, TrackerError
-from tracker.settings import Settings
 
 if TYPE_CHECKING:  # pragma: no cover
     from tracker.bootstrap import Storage
     from tracker.core import Policy
+    from tracker.settings import Settings
     from tracker.store.sql import SqlEventStore
 
 # emoji=False: an ``:emoji_name:`` in recorded data is shown as typed, never replaced
@@ -55,6 +55,8 @@ def invalid(field: str, problem: str) -> InvalidInput:
 @functools.cache
 def settings() -> Settings:
     """This process's settings: ``TRACKER_*`` read once; an invalid variable stops the command (exit 2)."""
+    from tracker.settings import Settings  # pydantic-settings: loaded by a command, not by --help
+
     try:
         return Settings.load()
     except TrackerError as exc:

@@ -32,7 +32,6 @@ from tracker.cli._common import (
     styled,
 )
 from tracker.errors import TrackerError
-from tracker.settings import mask
 
 app = typer.Typer()
 db_app = typer.Typer(help="Database schema commands.", no_args_is_help=True)
@@ -61,6 +60,8 @@ def db_upgrade(as_json: bool = typer.Option(False, "--json")) -> None:
 @app.command()
 def info(as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
     """Show the effective settings (secrets masked) and where the database is."""
+    from tracker.settings import mask
+
     s = settings()
     url = s.store.database_url
     path = sqlite_file(url)
@@ -122,7 +123,8 @@ def demo(
         console.print(
             f"[bold]Context Tracker demo[/]: {workers} worker processes × {sessions_per_worker} sessions × "
             f"{steps} steps, real counting, store and coordination; one broken compactor and a slow counter "
-            "are staged to show how failures are handled"
+            "are staged to show how failures are handled",
+            soft_wrap=_unwrapped(),
         )
     try:
         result = run_demo(
@@ -131,6 +133,12 @@ def demo(
     except TrackerError as exc:
         fail(exc, as_json)
     emit(result, as_json, _demo_table)
+
+
+def _unwrapped() -> bool:
+    """The demo's sentences are wrapped at words on a terminal; into a pipe or a file each stays one line
+    (a reader or ``grep`` must never meet a sentence cut mid-phrase at an arbitrary width)."""
+    return not console.is_terminal
 
 
 def _demo_table(result: dict[str, Any]) -> None:
@@ -167,7 +175,8 @@ def _demo_table(result: dict[str, Any]) -> None:
         "counts that could not be trusted (recorded, nothing decided on a guess) · revision: compactions "
         "applied + 1 · tokens now / limit: the last measurement against the model's input limit · pressure: "
         "normal, compact (over compact_at_bp) or hard_limit · outcome: finished all steps, or stopped by "
-        "ContextLimitError[/]"
+        "ContextLimitError[/]",
+        soft_wrap=_unwrapped(),
     )
     staged = result.get("staged") or {}
     notes = []
@@ -185,9 +194,9 @@ def _demo_table(result: dict[str, Any]) -> None:
     if staged.get("manual_compaction"):
         notes.append(f"{', '.join(staged['manual_compaction'])} asks for one manual compaction part way through")
     if notes:
-        console.print("[bold]Staged on purpose[/] to show those paths (not faults):")
+        console.print("[bold]Staged on purpose[/] to show those paths (not faults):", soft_wrap=_unwrapped())
         for note in notes:
-            console.print(f"  • {plain(note)}")
+            console.print(f"  • {plain(note)}", soft_wrap=_unwrapped())
     path = sqlite_file(result["database_url"])
     where = f"the embedded database {path.resolve()}" if path is not None else redact(result["database_url"])
     console.print(f"Recorded in {plain(where)} (`tracker info` shows the settings). Try next:", soft_wrap=True)

@@ -29,7 +29,7 @@ from tracker.integrations.langchain import revision_of  # noqa: E402
 from tracker.settings import Settings  # noqa: E402
 from tracker.store.migrate import upgrade  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "langchain_agent.py"
 INPUT_LIMIT = 2808  # example-agent-small: 11000 - 8192
 STEP_GROWTH = 400  # one scripted step (a tool call and a file) adds ~262 tokens; a generous bound

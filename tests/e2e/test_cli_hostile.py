@@ -16,11 +16,13 @@ import json
 import os
 import sqlite3
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.support.cli import Cli as HarnessCli
+from tests.support.cli import clean_env
 
 ESC = "\x1b"
 HOSTILE_MODEL = f"{ESC}]0;pwned{ESC}\\{ESC}[31mred{ESC}[0m [bold]m[/] :smile:"
@@ -29,27 +31,21 @@ HOSTILE_MODEL = f"{ESC}]0;pwned{ESC}\\{ESC}[31mred{ESC}[0m [bold]m[/] :smile:"
 HOSTILE_REASON = f"{ESC}[2J{ESC}[Hcleared\r\x07 SURROGATE [/] [link=x]y[/link]"
 
 
-class Cli:
+class Cli(HarnessCli):
     def __init__(self, tmp_path: Path) -> None:
         self.tmp = tmp_path
         self.url = f"sqlite:///{tmp_path / 'tracker.db'}"
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith("TRACKER_")}
-        self.env.update(
+        env = clean_env(
             TRACKER_DATABASE_URL=self.url,
             XDG_DATA_HOME=str(tmp_path / "xdg"),
             HOME=str(tmp_path),
             COLUMNS="200",
             PYTHONDONTWRITEBYTECODE="1",
         )
+        super().__init__(env, tmp_path, text=False, timeout=120)
 
-    def run(self, *args: Any) -> subprocess.CompletedProcess[bytes]:
-        return subprocess.run(
-            [sys.executable, "-m", "tracker.cli", *map(str, args)],
-            cwd=self.tmp,
-            env=self.env,
-            capture_output=True,
-            timeout=120,
-        )
+    def run(self, *args: Any, **kw: Any) -> subprocess.CompletedProcess[bytes]:  # type: ignore[override]
+        return super().run(*args, ok=None, **kw)
 
     def ok(self, *args: Any) -> str:
         out = self.run(*args)

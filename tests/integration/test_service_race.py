@@ -19,13 +19,12 @@ import uuid
 
 import pytest
 
+from tests.support.procs import PostgresLog, PrivateRedis
 from tracker.core import Policy, SessionProjector, fold
 from tracker.core.events import CompactionRejected, CompactionStarted, event_from_data
 from tracker.core.state import SessionState, apply
 from tracker.store import open_store, verify_projections
 from tracker.store.migrate import upgrade
-
-from .servers import PostgresLog, PrivateRedis
 
 PROCS = int(os.environ.get("TRACKER_RACE_PROCS", "16"))
 ROUNDS = int(os.environ.get("TRACKER_RACE_ROUNDS", "200"))
@@ -75,7 +74,10 @@ def _racer(db_url: str, redis_url: str | None, session_id: str, seed: int, round
             if r.action == "compact":
                 a = r.attempt
                 try:
-                    if rng.random() < 0.5:
+                    # a schedule, not a coin: the session's attempts alternate reject (odd fencing
+                    # token: its 1st, 3rd, ... attempt) and commit (even), so no episode can run out
+                    # of automatic attempts on rejections alone and every second attempt commits
+                    if a.fencing_token % 2 == 0:
                         t.commit(session_id, a.attempt_id, a.fencing_token, tokens_after=rng.randint(100, 400))
                     else:
                         t.reject(session_id, a.attempt_id, a.fencing_token, "execution_failed")

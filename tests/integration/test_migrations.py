@@ -18,7 +18,8 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import create_engine, inspect
 
 import tracker
-from tests.conftest import _sqlalchemy_url, create_pg_database, drop_pg_database
+from tests.support.db import create_pg_database, drop_pg_database
+from tests.support.db import sqlalchemy_url as _sqlalchemy_url
 from tracker.errors import SchemaOutOfDate
 from tracker.settings import normalize_database_url
 from tracker.store import NewEvent, migrate, open_store

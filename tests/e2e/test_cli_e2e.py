@@ -17,7 +17,6 @@ database) all exit non-zero with a message that says what to do.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sqlite3
 import subprocess
@@ -28,7 +27,11 @@ from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.support.cli import Cli as HarnessCli
+from tests.support.cli import clean_env
+from tests.support.procs import stop_process_group
+
+ROOT = Path(__file__).resolve().parents[2]
 TRACKER = shutil.which("tracker")
 DEMO_MODELS = ROOT / "tracker" / "demo" / "models.json"
 # The demo's broken-compactor session (the 2nd) reaches its input limit at step 32.
@@ -38,34 +41,12 @@ pytestmark = pytest.mark.skipif(TRACKER is None, reason="the `tracker` console s
 
 
 def base_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRACKER_")}
-    env["PYTHONDONTWRITEBYTECODE"] = "1"
-    env.update(extra)
-    return env
+    return clean_env(PYTHONDONTWRITEBYTECODE="1", **extra)
 
 
-class Cli:
-    """Runs ``tracker ...`` with one environment and working directory."""
-
-    def __init__(self, cwd: Path, env: dict[str, str]) -> None:
-        self.cwd, self.env = cwd, env
-
-    def run(self, *args: Any, ok: bool | None = True, timeout: float = 180) -> subprocess.CompletedProcess:
-        argv = [TRACKER, *map(str, args)]
-        out = subprocess.run(argv, cwd=self.cwd, env=self.env, capture_output=True, text=True, timeout=timeout)
-        if ok is True:
-            assert out.returncode == 0, (
-                f"{' '.join(argv[1:])} exited {out.returncode}:\n{out.stderr}\n{out.stdout[-2000:]}"
-            )
-        elif ok is False:
-            assert out.returncode != 0, f"{' '.join(argv[1:])} should have failed:\n{out.stdout[-2000:]}"
-        return out
-
-    def json(self, *args: Any, **kw: Any) -> Any:
-        return json.loads(self.run(*args, **kw).stdout)
-
-    def lines(self, *args: Any, **kw: Any) -> list[dict[str, Any]]:
-        return [json.loads(line) for line in self.run(*args, **kw).stdout.splitlines() if line.strip()]
+def Cli(cwd: Path, env: dict[str, str]) -> HarnessCli:  # noqa: N802 - was a class of this module
+    """Runs the installed ``tracker ...`` with one environment and working directory."""
+    return HarnessCli(env, cwd, script=True)
 
 
 # -- the audit flow, shared by both deployments --------------------------------------------------
@@ -252,8 +233,6 @@ class Worker:
         raise AssertionError(f"tracker worker not ready after {timeout}s:\n{self.output()[-3000:]}")
 
     def stop(self) -> None:
-        from tracker.bench.procs import stop_process_group
-
         stop_process_group(self.proc, grace_s=15)
         self.log.close()
 

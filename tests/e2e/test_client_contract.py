@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import http.server
 import json
-import os
 import threading
 import time
 import uuid
@@ -22,7 +21,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import REDIS_URL, _sqlalchemy_url, create_pg_database, drop_pg_database
+from tests.support.api import api_server
+from tests.support.procs import free_port
 from tracker import (
     AsyncTrackerClient,
     Attempt,
@@ -40,7 +40,6 @@ from tracker import (
     UnknownAttempt,
     WaitTimeout,
 )
-from tracker.bench.procs import free_port, start_server, stop_server
 from tracker.errors import CountTimeout
 from tracker.protocol import AsyncTrackerProtocol, TrackerProtocol
 from tracker.store import StoredEvent, upgrade
@@ -85,29 +84,8 @@ class Sync:
 
 @pytest.fixture(scope="module")
 def server():
-    from tracker.store.fleets import FleetStore
-
-    name, url = create_pg_database()
-    db_url = _sqlalchemy_url(url)
-    proc = None
-    try:
-        upgrade(db_url)
-        env = {**os.environ, "TRACKER_DATABASE_URL": db_url, "TRACKER_REDIS_URL": REDIS_URL}
-        env.pop("TRACKER_BROKER_URL", None)
-        from sqlalchemy import create_engine
-
-        engine = create_engine(db_url)
-        fleets = FleetStore(engine)
-        fleet = fleets.create_fleet(f"contract-{uuid.uuid4().hex[:6]}")
-        _, token = fleets.create_key(fleet["fleet_id"])
-        engine.dispose()
-        port = free_port()
-        proc = start_server(env, port)
-        yield f"http://127.0.0.1:{port}", token
-    finally:
-        if proc is not None:
-            stop_server(proc)
-        drop_pg_database(name)
+    with api_server(fleets=(f"contract-{uuid.uuid4().hex[:6]}",)) as s:
+        yield s.url, s.token_a
 
 
 @pytest.fixture(params=["embedded", "sync-client", "async-client"])

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-CORE = Path(__file__).resolve().parents[1] / "tracker" / "core"
+CORE = Path(__file__).resolve().parents[2] / "tracker" / "core"
 ALLOWED = {
     "__future__",
     "dataclasses",

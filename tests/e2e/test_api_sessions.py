@@ -17,8 +17,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests import test_api as api
-from tests.test_api import assert_error, cli_json, observe, run_cli, sid
+from tests.e2e import test_api as api
+from tests.e2e.test_api import assert_error, cli_json, observe, run_cli, sid
 from tracker import AsyncTrackerClient, TrackerClient
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]

@@ -21,7 +21,6 @@ replay database; the whole test takes well under a minute.
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
@@ -33,9 +32,7 @@ from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from hypothesis.errors import Unsatisfiable  # noqa: E402
 
-from tests.conftest import REDIS_URL, _sqlalchemy_url, create_pg_database, drop_pg_database  # noqa: E402
-from tests.servers import free_port  # noqa: E402
-from tests.test_api import start_server, stop_server  # noqa: E402
+from tests.support.api import api_server  # noqa: E402
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
@@ -45,36 +42,8 @@ NEGATIVE_EXAMPLES = 15
 
 @pytest.fixture(scope="module")
 def fuzz_server():
-    from tracker.store import make_engine, upgrade
-    from tracker.store.fleets import FleetStore
-
-    name, url = create_pg_database()
-    db_url = _sqlalchemy_url(url)
-    proc = None
-    engine = None
-    try:
-        upgrade(db_url)
-        engine = make_engine(db_url)
-        fleets = FleetStore(engine)
-        fleets.create_fleet("fuzz")
-        _, token = fleets.create_key("fuzz")
-        env = {
-            **os.environ,
-            "TRACKER_DATABASE_URL": db_url,
-            "TRACKER_REDIS_URL": REDIS_URL,
-            "TRACKER_ATTEMPT_LEASE_S": "3600",
-            "TRACKER_COUNT_TIMEOUT_S": "10",
-        }
-        env.pop("TRACKER_BROKER_URL", None)
-        port = free_port()
-        proc = start_server(env, port)
-        yield {"url": f"http://127.0.0.1:{port}", "token": token, "db_url": db_url}
-    finally:
-        if proc is not None:
-            stop_server(proc)
-        if engine is not None:
-            engine.dispose()
-        drop_pg_database(name)
+    with api_server(fleets=("fuzz",), TRACKER_ATTEMPT_LEASE_S="3600", TRACKER_COUNT_TIMEOUT_S="10") as server:
+        yield {"url": server.url, "token": server.token_a, "db_url": server.db_url}
 
 
 class LogProbe:

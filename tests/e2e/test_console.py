@@ -23,10 +23,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
-from tests.conftest import _sqlalchemy_url, create_pg_database, drop_pg_database
+from tests.support.api import api_server
+from tests.support.db import create_pg_database, drop_pg_database
+from tests.support.db import sqlalchemy_url as _sqlalchemy_url
 
 CHROMIUM = "/usr/bin/chromium"
 TRACKER = shutil.which("tracker")
@@ -83,64 +84,44 @@ def _free_port() -> int:
 def server(tmp_path_factory):
     from tracker.service import Tracker
     from tracker.settings import Settings
-    from tracker.store import upgrade
-    from tracker.store.fleets import FleetStore
 
-    name, libpq = create_pg_database("console")
-    url = _sqlalchemy_url(libpq)
     d = tmp_path_factory.mktemp("console")
-    proc = None
-    try:
-        upgrade(url)
+
+    def seed(url: str, fleets: list[dict[str, Any]]) -> None:
+        fa, fb = fleets[0]["fleet_id"], fleets[1]["fleet_id"]
         with Tracker.from_settings(Settings.of(database_url=url)) as t:
-            fleets = FleetStore(t.store.engine)
-            fa = fleets.create_fleet("alpha")["fleet_id"]
-            fb = fleets.create_fleet("beta")["fleet_id"]
-            _, key_a = fleets.create_key("alpha")
-            _, key_b = fleets.create_key("beta")
-            op_record, key_op = fleets.create_operator_key()
             build_story_session(t, f"{fa}:story-1")
             t.observe(f"{fa}:calm-1", measurement=_m("c1", 20_000))
             t.observe(f"{fb}:other-1", measurement=_m("o1", 40_000))
             t.observe("loose-1", measurement=_m("l1", 10_000))
-        port = _free_port()
-        env = {k: v for k, v in os.environ.items() if not k.startswith("TRACKER_")}
-        env["TRACKER_DATABASE_URL"] = url
-        log = (d / "server.log").open("w")
-        proc = subprocess.Popen(
-            [TRACKER, "serve", "--host", "127.0.0.1", "--port", str(port)], env=env, stdout=log, stderr=log
-        )
-        base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{base}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None, (d / "server.log").read_text()
-            assert time.monotonic() < deadline, "the server did not get ready"
-            time.sleep(0.2)
+
+    # the server's environment: no TRACKER_* but the database (no Redis), its log in the folder
+    with api_server(
+        fleets=("alpha", "beta"),
+        redis=False,
+        clean=True,
+        operator_key=True,
+        seed=seed,
+        log=d / "server.log",
+        prefix="console",
+    ) as api:
+        assert api.operator is not None
+        op_record, key_op = api.operator
         shots = [d / "shots"]
         if os.environ.get("TRACKER_CONSOLE_SHOTS"):
             shots.append(Path(os.environ["TRACKER_CONSOLE_SHOTS"]))
         for s in shots:
             s.mkdir(parents=True, exist_ok=True)
         yield {
-            "base": base,
-            "url": url,
-            "env": env,
+            "base": api.url,
+            "url": api.db_url,
+            "env": api.env,
             "dir": d,
             "shots": shots,
             "log": d / "server.log",
-            "keys": {"alpha": key_a, "beta": key_b, "operator": key_op, "operator_id": op_record["key_id"]},
-            "fleets": {"alpha": fa, "beta": fb},
+            "keys": {"alpha": api.token_a, "beta": api.token_b, "operator": key_op, "operator_id": op_record["key_id"]},
+            "fleets": {"alpha": api.fleet_a["fleet_id"], "beta": api.fleet_b["fleet_id"]},
         }
-    finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait(timeout=20)
-        drop_pg_database(name)
 
 
 @pytest.fixture(scope="module")

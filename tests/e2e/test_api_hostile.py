@@ -27,9 +27,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import REDIS_URL, _sqlalchemy_url, create_pg_database, drop_pg_database
-from tests.servers import free_port
-from tracker.bench.procs import start_server, stop_server
+from tests.support.api import api_server
+from tests.support.procs import free_port
+from tracker.bench.procs import stop_server
 from tracker.http.errors import codes_by_status
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
@@ -64,37 +64,13 @@ class Server:
 
 
 def _serve(extra_env: dict[str, str] | None = None, redis: bool = True):
-    from tracker.store import make_engine, upgrade
     from tracker.store.fleets import FleetStore
 
-    name, url = create_pg_database()
-    db_url = _sqlalchemy_url(url)
-    proc = engine = None
-    try:
-        upgrade(db_url)
-        engine = make_engine(db_url)
-        fleets = FleetStore(engine)
-        fleets.create_fleet("alpha")
-        fleets.create_fleet("beta")
-        _, token_a = fleets.create_key("alpha")
-        _, token_b = fleets.create_key("beta")
+    with api_server(fleets=("alpha", "beta"), redis=redis, TRACKER_ATTEMPT_LEASE_S="3600", **(extra_env or {})) as s:
+        fleets = FleetStore(s.engine)
         record, revoked = fleets.create_key("alpha")
         fleets.revoke_key(record["key_id"])
-        env = {**os.environ, "TRACKER_DATABASE_URL": db_url, "TRACKER_ATTEMPT_LEASE_S": "3600"}
-        env.pop("TRACKER_BROKER_URL", None)
-        env.pop("TRACKER_REDIS_URL", None)
-        if redis:
-            env["TRACKER_REDIS_URL"] = REDIS_URL
-        env.update(extra_env or {})
-        port = free_port()
-        proc = start_server(env, port)
-        yield Server(f"http://127.0.0.1:{port}", db_url, engine, token_a, token_b, revoked, proc)
-    finally:
-        if proc is not None:
-            stop_server(proc)
-        if engine is not None:
-            engine.dispose()
-        drop_pg_database(name)
+        yield Server(s.url, s.db_url, s.engine, s.token_a, s.token_b, revoked, s.proc)
 
 
 @pytest.fixture(scope="module")
@@ -272,6 +248,7 @@ def roomy_server():
     yield from _serve({"TRACKER_MAX_WAITS_PER_FLEET": "300"})
 
 
+@pytest.mark.xdist_group("serial")  # a latency ratio: never beside another CPU-heavy test
 def test_open_waits_of_one_fleet_leave_another_fleets_observe_p99_within_2x(roomy_server):
     server = roomy_server
     with server.client(server.token_a) as a, server.client(server.token_b) as b:

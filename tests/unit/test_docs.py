@@ -9,7 +9,7 @@ from pathlib import Path
 from tracker.core.policy import Policy
 from tracker.settings import Settings
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _table_rows(text: str, header_first_cell: str) -> list[list[str]]:
@@ -71,3 +71,15 @@ def test_documents_link_only_inside_the_repository():
                 continue
             assert (doc.parent / target).resolve().is_relative_to(ROOT), f"{doc.name} links outside: {target}"
             assert (doc.parent / target).exists(), f"{doc.name} links to a missing file: {target}"
+
+
+def test_ci_runs_exactly_the_readmes_test_command_and_every_test_path_in_the_docs_exists():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    top = readme.split("## ", 1)[0]
+    command = next(line.split("#")[0].strip() for line in top.splitlines() if "-m pytest" in line)
+    ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()]
+    assert any(line == command or line.startswith(command + " ||") for line in ci), (command, ci)
+    docs = [ROOT / "README.md", ROOT / "examples" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    for doc in docs:
+        for path in re.findall(r"tests/[\w/*]+\.py", doc.read_text(encoding="utf-8")):
+            assert list(ROOT.glob(path)), f"{doc.name} names {path}, which does not exist"

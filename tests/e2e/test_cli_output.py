@@ -14,19 +14,15 @@ from typing import Any
 
 import pytest
 
+from tests.support.cli import Cli, clean_env
+
 TRACKER = shutil.which("tracker")
 pytestmark = pytest.mark.skipif(TRACKER is None, reason="the `tracker` console script is not installed")
 
 
 def run(tmp_path: Path, *args: Any, ok: bool = True, **env: str) -> subprocess.CompletedProcess:
-    base = {k: v for k, v in os.environ.items() if not k.startswith("TRACKER_")}
-    base.update(XDG_DATA_HOME=str(tmp_path / "data"), HOME=str(tmp_path), COLUMNS="200", **env)
-    out = subprocess.run(
-        [TRACKER, *map(str, args)], cwd=tmp_path, env=base, capture_output=True, text=True, timeout=300
-    )
-    if ok:
-        assert out.returncode == 0, f"{args} exited {out.returncode}:\n{out.stderr}\n{out.stdout[-2000:]}"
-    return out
+    base = clean_env(XDG_DATA_HOME=str(tmp_path / "data"), HOME=str(tmp_path), COLUMNS="200", **env)
+    return Cli(base, tmp_path, script=True, timeout=300).run(*args, ok=True if ok else None)
 
 
 def test_version(tmp_path):
@@ -92,6 +88,15 @@ def test_the_demo_explains_itself_and_another_folder_sees_its_sessions(tmp_path)
     assert "staged to show how failures are handled" in out
     assert "Staged on purpose" in out and "always fails" in out and "CountTimeout" in out
     assert "measured: requests counted and decided" in out  # the legend of the columns
+    # into a pipe, no sentence is hard-wrapped: each one ends on the line it starts on
+    lines = out.splitlines()
+    for start, end in (
+        ("Context Tracker demo:", "are staged to show how failures are handled"),
+        ("measured: requests counted", "or stopped by ContextLimitError"),
+        ("  • ", "instead of letting the provider reject it"),
+        ("  • every", "(the count failures column)"),
+    ):
+        assert any(line.startswith(start) and line.rstrip().endswith(end) for line in lines), (start, out)
     db = tmp_path / "data" / "context-tracker" / "tracker.db"
     assert f"Recorded in the embedded database {db}" in " ".join(out.split())
     other = tmp_path / "elsewhere"

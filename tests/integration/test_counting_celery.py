@@ -15,10 +15,11 @@ import uuid
 
 import pytest
 
-from tests.conftest import REDIS_URL
 from tests.support.counters import test_models
+from tests.support.db import REDIS_URL
+from tests.support.procs import port_open
 from tests.support.workers import KillableWorker
-from tracker.bench.procs import WorkerProcess, port_open
+from tracker.bench.procs import WorkerProcess
 from tracker.core.model import Basis
 from tracker.core.policy import Policy
 from tracker.counting import CanonicalRequest, CeleryCounting, InProcessCounting, ModelRegistry

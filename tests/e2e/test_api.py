@@ -8,22 +8,23 @@ id is unique per test, so the tests share the server without sharing state.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.conftest import REDIS_URL, _sqlalchemy_url, create_pg_database, drop_pg_database
-from tests.servers import free_port
-from tracker.bench.procs import start_server
+from tests.support.api import ApiServer, api_server
+from tests.support.cli import Cli
+from tests.support.db import create_pg_database, drop_pg_database
+from tests.support.db import sqlalchemy_url as _sqlalchemy_url
+from tests.support.procs import free_port
+from tracker.bench.procs import start_server, stop_server
 from tracker.store import head_revision
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
@@ -32,64 +33,23 @@ LIMIT = 100_000
 
 
 def run_cli(env: dict[str, str], *args: str, ok: bool = True) -> Any:
-    proc = subprocess.run(
-        [sys.executable, "-m", "tracker.cli", *args], env=env, capture_output=True, text=True, timeout=120
-    )
-    if ok:
-        assert proc.returncode == 0, (args, proc.stdout, proc.stderr)
-    return proc
+    return Cli(env, timeout=120).run(*args, ok=True if ok else None)
 
 
 def cli_json(env: dict[str, str], *args: str) -> Any:
     return json.loads(run_cli(env, *args, "--json").stdout)
 
 
-def stop_server(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
-@dataclass
-class Server:
-    url: str
-    db_url: str
-    env: dict[str, str]
-    fleet_a: dict[str, Any]
-    fleet_b: dict[str, Any]
-    token_a: str
-    token_b: str
-
-    def client(self, token: str | None) -> httpx.Client:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        return httpx.Client(base_url=self.url, headers=headers, timeout=30)
+Server = ApiServer  # url, db_url, env, fleet_a, fleet_b, token_a, token_b, client(token)
 
 
 @pytest.fixture(scope="module")
 def server():
-    from tracker.store import upgrade
-
-    name, url = create_pg_database()
-    db_url = _sqlalchemy_url(url)
-    proc = None
-    try:
-        upgrade(db_url)
-        env = {**os.environ, "TRACKER_DATABASE_URL": db_url, "TRACKER_REDIS_URL": REDIS_URL}
-        env.pop("TRACKER_BROKER_URL", None)
-        fleet_a = cli_json(env, "fleet", "create", f"alpha-{uuid.uuid4().hex[:6]}")
-        fleet_b = cli_json(env, "fleet", "create", f"beta-{uuid.uuid4().hex[:6]}")
-        key_a = cli_json(env, "key", "create", fleet_a["name"])
-        key_b = cli_json(env, "key", "create", fleet_b["fleet_id"])  # by id works too
-        port = free_port()
-        proc = start_server(env, port)
-        yield Server(f"http://127.0.0.1:{port}", db_url, env, fleet_a, fleet_b, key_a["token"], key_b["token"])
-    finally:
-        if proc is not None:
-            stop_server(proc)
-        drop_pg_database(name)
+    # fleets and keys made with the real CLI (the second key by fleet id)
+    suffix = uuid.uuid4().hex[:6]
+    # the server counts its first request after loading the encodings: 10 s, not 2, on a loaded machine
+    with api_server(fleets=(f"alpha-{suffix}", f"beta-{suffix}"), via_cli=True, TRACKER_COUNT_TIMEOUT_S="10") as s:
+        yield s
 
 
 @pytest.fixture
@@ -237,7 +197,7 @@ def test_the_readme_error_table_agrees_with_error_status():
     from tracker.http.errors import codes_by_status
 
     status_of_code = {code: status for status, codes in codes_by_status().items() for code in codes}
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
     rows = re.findall(r"^\| (\d{3}) \| (`[^|]+`) \|", readme, flags=re.MULTILINE)
     assert rows, "the README has no error table"
     for status, codes in rows:
@@ -507,21 +467,31 @@ def test_feed_pages_resumably_and_only_shows_the_callers_fleet(a, b):
             if not page["has_more"]:
                 return out, after
 
+    def read_feed_of(c: httpx.Client, after: int, n: int) -> tuple[list[dict], int]:
+        """The feed after ``after`` once it holds ``n`` events: it shows an event when every transaction
+        older than it has ended, on the whole PostgreSQL server (other tests' too). Waits up to 30 s."""
+        deadline = time.monotonic() + 30
+        while True:
+            out, resume = read_feed(c, after)
+            if len(out) >= n or time.monotonic() > deadline:
+                return out, resume
+            time.sleep(0.1)
+
     _, start_a = read_feed(a, 0, 1000)
     _, start_b = read_feed(b, 0, 1000)
     for i in range(5):
         observe(a, s_a, f"m{i}", 1000 + i)
         observe(b, s_b, f"m{i}", 1000 + i)
-    got_a, resume = read_feed(a, start_a)
+    got_a, resume = read_feed_of(a, start_a, 6)
     assert [e["session_id"] for e in got_a] == [s_a] * 6
     positions = [e["position"] for e in got_a]
     assert positions == sorted(positions)
     assert got_a == history(a, s_a)  # the same events, same order
     # resumable: only what came after
     observe(a, s_a, "m9", 2000)
-    more, _ = read_feed(a, resume)
+    more, _ = read_feed_of(a, resume, 1)
     assert [(e["session_id"], e["version"]) for e in more] == [(s_a, 7)]
-    got_b, _ = read_feed(b, start_b)
+    got_b, _ = read_feed_of(b, start_b, 6)
     assert {e["session_id"] for e in got_b} == {s_b} and not set(positions) & {e["position"] for e in got_b}
     # B's whole feed never shows a session of A's
     everything_b, _ = read_feed(b, 0, 1000)

@@ -17,12 +17,11 @@ import psycopg
 import pytest
 import redis
 
+from tests.support.procs import PrivateRedis
 from tracker.bench.store import CountingProjector
 from tracker.core import SessionProjector
 from tracker.errors import ConcurrencyConflict
 from tracker.store import NewEvent, open_store, upgrade, verify_projections
-
-from .servers import PrivateRedis
 
 
 def ev(**data) -> NewEvent:  # noqa: ANN003

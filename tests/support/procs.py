@@ -1,4 +1,7 @@
-"""Private, throwaway servers for fault tests (so stopping one never disturbs other tests)."""
+"""Processes and ports for the tests: free loopback ports, a port probe, private throwaway servers for
+fault tests (so stopping one never disturbs other tests), the PostgreSQL server's log, and the process
+helpers the bench shares (``stop_process_group``).
+"""
 
 from __future__ import annotations
 
@@ -8,9 +11,18 @@ import subprocess
 import tempfile
 import time
 
-from tracker.bench.procs import free_port
+from tracker.bench.procs import free_port, stop_process_group
 
-__all__ = ["PrivateRedis", "free_port"]
+__all__ = ["PostgresLog", "PrivateRedis", "free_port", "port_open", "stop_process_group"]
+
+
+def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
+    """Whether something accepts TCP connections on ``host:port`` (a broker that may be down)."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
 
 
 class PrivateRedis:
@@ -26,6 +38,10 @@ class PrivateRedis:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> PrivateRedis:
+        if shutil.which("redis-server") is None:
+            import pytest
+
+            pytest.skip("redis-server is not installed (apt-get install redis-server; .ci/run starts it)")
         self.proc = subprocess.Popen(
             [
                 "redis-server",

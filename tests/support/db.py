@@ -1,0 +1,51 @@
+"""Scratch databases for the tests: one throwaway PostgreSQL database per use, upgraded on request.
+
+Every database (``<prefix>_<random>``) is made on the server at ``TRACKER_TEST_PG`` (default
+``postgresql://postgres@127.0.0.1:5432/test``) and dropped afterwards, so parallel runs, pytest-xdist
+workers and helper processes never collide. Redis tests use ``TRACKER_TEST_REDIS`` (default
+``redis://127.0.0.1:6379/0``) with a key prefix or a private server of their own.
+
+Nothing here connects at import: the unit tier imports none of it anyway.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from tracker.bench.procs import create_scratch_db, drop_scratch_db
+from tracker.settings import normalize_database_url
+
+PG_ADMIN_URL = os.environ.get("TRACKER_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
+REDIS_URL = os.environ.get("TRACKER_TEST_REDIS", "redis://127.0.0.1:6379/0")
+
+
+def sqlalchemy_url(libpq_url: str) -> str:
+    """``postgresql://…`` as the store takes it (``postgresql+psycopg://…``)."""
+    return normalize_database_url(libpq_url)
+
+
+def create_pg_database(prefix: str = "ct") -> tuple[str, str]:
+    """Create a fresh, empty database; return (name, libpq url)."""
+    return create_scratch_db(PG_ADMIN_URL, prefix)
+
+
+def drop_pg_database(name: str) -> None:
+    drop_scratch_db(PG_ADMIN_URL, name)
+
+
+@contextmanager
+def scratch_database(prefix: str = "ct", *, upgrade: bool = False) -> Iterator[str]:
+    """A fresh database for the ``with`` block (its SQLAlchemy URL), at the head revision with
+    ``upgrade``; dropped afterwards."""
+    name, url = create_pg_database(prefix)
+    try:
+        db_url = sqlalchemy_url(url)
+        if upgrade:
+            from tracker.store import upgrade as upgrade_to_head
+
+            upgrade_to_head(db_url)
+        yield db_url
+    finally:
+        drop_pg_database(name)
