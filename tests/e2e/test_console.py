@@ -225,12 +225,12 @@ def test_an_operator_key_sees_every_fleet(page, server):
 
 
 def test_a_revoked_key_ends_its_sign_in(page, server):
+    from tracker.bootstrap import build_fleets
     from tracker.store import open_store
-    from tracker.store.fleets import FleetStore
 
     store = open_store(server["url"])
     try:
-        fleets = FleetStore(store.engine)
+        fleets = build_fleets(store)
         _, token = fleets.create_key("alpha")
         page.goto(server["base"] + "/console/signin")
         page.fill("#key", token)

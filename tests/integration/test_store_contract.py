@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 from sqlalchemy import create_engine, text
 
-from tests.conftest import _sqlalchemy_url, create_pg_database, drop_pg_database
+from tests.support.db import create_pg_database, drop_pg_database
+from tests.support.db import sqlalchemy_url as _sqlalchemy_url
 from tracker.errors import ConcurrencyConflict, InvalidInput, InvalidSessionId, SchemaOutOfDate, StoreError
 from tracker.settings import normalize_database_url
 from tracker.store import MemoryEventStore, NewEvent, StoredEvent, migrate, open_store, upgrade, verify_projections

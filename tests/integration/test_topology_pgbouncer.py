@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from tests.conftest import PG_ADMIN_URL
+from tests.support.db import PG_ADMIN_URL
 from tests.support.topology import PgBouncer, missing, run_race, scratch_database, terminate_backends
 from tracker.core import SessionProjector
 from tracker.errors import StoreError

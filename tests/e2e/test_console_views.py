@@ -38,18 +38,18 @@ def _m(basis: str, tokens: int) -> dict[str, Any]:
 def console(tmp_path_factory):
     from fastapi.testclient import TestClient
 
+    from tracker.bootstrap import build_fleets
     from tracker.errors import ContextLimitError, ContextLimitUnknown
     from tracker.http.app import create_app
     from tracker.service import Tracker
     from tracker.settings import Settings
     from tracker.store import upgrade
-    from tracker.store.fleets import FleetStore
 
     url = f"sqlite:///{tmp_path_factory.mktemp('console-views') / 't.db'}"
     upgrade(url)
     with Tracker.from_settings(Settings.of(database_url=url)) as t:
-        fa = FleetStore(t.store.engine).create_fleet("alpha")["fleet_id"]
-        _, key = FleetStore(t.store.engine).create_key("alpha")
+        fa = build_fleets(t.store).create_fleet("alpha")["fleet_id"]
+        _, key = build_fleets(t.store).create_key("alpha")
         sid = f"{fa}:one"
         t.observe(sid, measurement=_m("m1", 50_000))
         with pytest.raises(ContextLimitUnknown):

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.test_store_contract import ToyProjector, ev, execute_sql, fold
+from tests.integration.test_store_contract import ToyProjector, ev, execute_sql, fold
 from tracker.bootstrap import build_views
 from tracker.errors import InvalidInput, InvalidSessionId
 from tracker.store import NewEvent, open_store, upgrade, verify_projections

@@ -591,7 +591,8 @@ def server(tmp_path_factory):
 
     from sqlalchemy import create_engine
 
-    from tests.conftest import REDIS_URL, _sqlalchemy_url, create_pg_database, drop_pg_database
+    from tests.support.db import REDIS_URL, create_pg_database, drop_pg_database
+    from tests.support.db import sqlalchemy_url as _sqlalchemy_url
     from tracker.bench.procs import free_port, start_server, stop_server
     from tracker.store.fleets import FleetStore
 
