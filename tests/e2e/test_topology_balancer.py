@@ -47,13 +47,13 @@ def _requests(lb: Balancer) -> dict[str, int]:
 def test_a_fleet_races_through_the_balancer_and_direct(topology):
     replicas, lb = topology
     before = _requests(lb)
-    balanced, counts, _ = run_http_race(lb.url, replicas, procs=PROCS, sessions=SESSIONS, duration_s=5)
+    balanced, counts, _ = run_http_race(lb.url, replicas, procs=PROCS, sessions=SESSIONS, duration_s=4)
     after = _requests(lb)
-    direct, direct_counts, _ = run_http_race(replicas.url(0), replicas, procs=PROCS, sessions=SESSIONS, duration_s=5)
+    direct, direct_counts, _ = run_http_race(replicas.url(0), replicas, procs=PROCS, sessions=SESSIONS, duration_s=4)
     served = {name: after[name] - before[name] for name in after}
     # capacity without contention (one session per process, every answer `proceed`), in the order
     # direct, balanced, balanced, direct so that a change of load on the machine shows
-    windows = [observe_rate(url, replicas, procs=PROCS, duration_s=2) for url in (replicas.url(0), lb.url) * 2]
+    windows = [observe_rate(url, replicas, procs=PROCS, duration_s=1.5) for url in (replicas.url(0), lb.url) * 2]
     capacity = {"direct": (windows[0] + windows[3]) / 2, "balanced": (windows[1] + windows[2]) / 2}
     print(f"\nthrough HAProxy, 2 replicas: {balanced} {counts} served {served}")
     print(f"direct to one replica: {direct} {direct_counts}")
