@@ -169,10 +169,10 @@ def _ini(path: Path) -> configparser.ConfigParser:
     return parser
 
 
-def _haproxy_backend() -> tuple[list[str], list[tuple[str, str]]]:
-    """(directives, [(server name, address)]) of the `tracker` backend in deploy/haproxy/haproxy.cfg."""
+def _haproxy_backend() -> tuple[list[str], list[list[str]]]:
+    """(directives, servers: [name, address, options…]) of the `tracker` backend in deploy/haproxy/haproxy.cfg."""
     directives: list[str] = []
-    servers: list[tuple[str, str]] = []
+    servers: list[list[str]] = []
     section = None
     for raw in (DEPLOY / "haproxy" / "haproxy.cfg").read_text(encoding="utf-8").splitlines():
         line = raw.split("#", 1)[0].rstrip()
@@ -184,7 +184,7 @@ def _haproxy_backend() -> tuple[list[str], list[tuple[str, str]]]:
         if section == ["backend", "tracker"]:
             words = line.split()
             if words[0] == "server":
-                servers.append((words[1], words[2]))
+                servers.append(words[1:])
             else:
                 directives.append(" ".join(words))
     return directives, servers
@@ -263,11 +263,16 @@ def test_topology_profile_is_wired(resolved):
     # migrations go to PostgreSQL directly, never through the transaction pooler
     assert make_url(services["migrate"]["environment"]["TRACKER_DATABASE_URL"]).host == "postgres"
 
-    # HAProxy: round-robin over exactly the replicas, on their port, health-checked on /readyz
+    # HAProxy: round-robin over exactly the replicas, on their port, health-checked on /readyz; the
+    # same replicas unchecked as backups (fail open while every replica fails /readyz: Redis down)
     directives, servers = _haproxy_backend()
     assert "balance roundrobin" in directives
     assert "option httpchk GET /readyz" in directives
-    assert sorted(servers) == sorted((name, f"{name}:8080") for name in REPLICAS)
+    assert "option allbackups" in directives
+    checked = sorted((s[0], s[1]) for s in servers if s[2:] == ["check"])
+    backups = sorted(s[1] for s in servers if s[2:] == ["backup"])
+    assert checked == sorted((name, f"{name}:8080") for name in REPLICAS), servers
+    assert backups == [address for _, address in checked], servers
     haproxy = services["haproxy"]
     assert haproxy["image"].startswith("haproxy:2.6")
     assert any(

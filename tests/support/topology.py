@@ -792,7 +792,9 @@ class Balancer:
     another one (``retries 3``, ``option redispatch 1``): nothing was sent, so that is safe for any
     request. A request already sent to a server that dies answers 502, which the tracker's clients
     retry with the same idempotency key. Timeouts leave room for the 30 s long-poll. The admin
-    socket (:meth:`servers`) reports each server's check status and request count.
+    socket (:meth:`servers_status`) reports each server's check status and request count. With
+    ``fail_open`` each server is also a ``backup`` without a check: while every checked server is
+    down (all fail ``/readyz``, e.g. Redis is down) requests still reach the servers.
     """
 
     def __init__(
@@ -805,8 +807,9 @@ class Balancer:
         rise: int = 2,
         balance: str = "roundrobin",
         hash_type: str | None = None,
+        fail_open: bool = False,
     ) -> None:
-        self.balance, self.hash_type = balance, hash_type
+        self.balance, self.hash_type, self.fail_open = balance, hash_type, fail_open
         self.servers, self.check_path, self.inter_ms, self.fall, self.rise = (
             dict(servers),
             check_path,
@@ -851,6 +854,9 @@ class Balancer:
             f"    default-server inter {self.inter_ms}ms fall {self.fall} rise {self.rise}",
             *(f"    server {name} {LOOPBACK}:{port} check" for name, port in self.servers.items()),
         ]
+        if self.fail_open:  # the same servers, unchecked, used only while every checked one is down
+            lines.insert(lines.index("backend replicas") + 1, "    option allbackups")
+            lines += [f"    server {name}-any {LOOPBACK}:{port} backup" for name, port in self.servers.items()]
         return "\n".join(lines) + "\n"
 
     def __enter__(self) -> Balancer:
