@@ -10,15 +10,19 @@ verify``'s function), and every acknowledged observe, commit and reject in it (b
 ids and the idempotency keys each process recorded). The same race runs direct to one replica
 for the throughput figure, and again while one replica is SIGKILLed mid-run: the clients retry
 with their idempotency keys and carry on through the other replica, and nothing acknowledged
-is lost. Figures: docs/topologies.md "API replicas behind a balancer".
+is lost. Last, with a private Redis stopped: every replica fails /readyz, so HAProxy checked
+strictly answers 503, and with the replicas as unchecked backups (the deploy file's fail-open)
+decisions go on. Figures: docs/topologies.md "API replicas behind a balancer".
 """
 
 from __future__ import annotations
 
 import time
 
+import httpx
 import pytest
 
+from tests.support.procs import PrivateRedis
 from tests.support.topology import Balancer, Replicas, missing, observe_rate, run_http_race
 from tracker.client import TrackerClient
 
@@ -110,3 +114,31 @@ def test_a_replica_killed_mid_run_loses_nothing(topology):
             c.observe(f"back-{i}", measurement={"basis": "r1:m1", "input_tokens": 10, "input_limit": 1000})
     assert _requests(lb)[victim] > back, "the revived replica gets requests again"
     print(f"{victim} back in rotation {up_s:.2f} s after it was ready")
+
+
+def test_redis_down_fails_every_readyz_and_the_balancer_fails_open():
+    """/readyz fails on every replica at once when Redis stops answering, though the replicas still
+    decide (uncoordinated, the store's version check guards): checked strictly, HAProxy answers 503
+    to everything; with the replicas as unchecked backups (deploy/haproxy/haproxy.cfg) it goes on."""
+    absent = missing("haproxy", "redis-server")
+    if absent:
+        pytest.skip(f"{absent} is not installed")
+
+    redis = PrivateRedis().start()
+    try:
+        with Replicas(2, redis_url=redis.url, **SETTINGS) as replicas:
+            servers = dict(zip(replicas.names, replicas.ports, strict=True))
+            with Balancer(servers) as strict, Balancer(servers, fail_open=True) as fail_open:
+                redis.stop()
+                for lb in (strict, fail_open):
+                    for name in replicas.names:
+                        lb.wait_status(name, "DOWN", timeout_s=15)
+                m = {"measurement": {"basis": "r1:m1", "input_tokens": 10, "input_limit": 1000}}
+                headers = {"Authorization": f"Bearer {replicas.token}"}
+                refused = httpx.post(f"{strict.url}/v1/sessions/s-strict/observe", json=m, headers=headers, timeout=30)
+                assert refused.status_code == 503, refused.text  # HAProxy's own: no server
+                with TrackerClient(fail_open.url, replicas.token) as c:
+                    answers = [c.observe(f"s-open-{i}", measurement=m["measurement"]).action for i in range(6)]
+                assert answers == ["proceed"] * 6
+    finally:
+        redis.close()
