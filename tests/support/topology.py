@@ -11,6 +11,12 @@ N processes observing one session until a deadline, recording every write the tr
 acknowledged, then the log checked: at most one automatic attempt per basis, never two open
 at once, versions gap-free, the projection equal to the fold (``tracker verify``'s function),
 and every acknowledged write found in the log.
+
+And API replicas behind a balancer: :class:`Replicas` (``tracker serve`` processes on one scratch
+database), :class:`Balancer` (HAProxy in front of them, with its admin socket's view of each
+server), the race over HTTP (:func:`run_http_race`: a fleet of processes, each with its own
+``TrackerClient``, on shared sessions; :func:`check_http_log` also finds every acknowledged call's
+idempotency key in the log) and :func:`observe_rate` (uncontended observes per second).
 """
 
 from __future__ import annotations
@@ -34,11 +40,16 @@ from typing import Any
 from tracker.bench.procs import free_port
 
 __all__ = [
+    "Balancer",
     "PgBouncer",
     "RedisClusterTopology",
+    "Replicas",
     "SentinelTopology",
+    "check_http_log",
     "check_log",
     "missing",
+    "observe_rate",
+    "run_http_race",
     "run_race",
     "scratch_database",
     "terminate_backends",
