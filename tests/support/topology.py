@@ -11,6 +11,12 @@ N processes observing one session until a deadline, recording every write the tr
 acknowledged, then the log checked: at most one automatic attempt per basis, never two open
 at once, versions gap-free, the projection equal to the fold (``tracker verify``'s function),
 and every acknowledged write found in the log.
+
+And API replicas behind a balancer: :class:`Replicas` (``tracker serve`` processes on one scratch
+database), :class:`Balancer` (HAProxy in front of them, with its admin socket's view of each
+server), the race over HTTP (:func:`run_http_race`: a fleet of processes, each with its own
+``TrackerClient``, on shared sessions; :func:`check_http_log` also finds every acknowledged call's
+idempotency key in the log) and :func:`observe_rate` (uncontended observes per second).
 """
 
 from __future__ import annotations
@@ -34,11 +40,16 @@ from typing import Any
 from tracker.bench.procs import free_port
 
 __all__ = [
+    "Balancer",
     "PgBouncer",
     "RedisClusterTopology",
+    "Replicas",
     "SentinelTopology",
+    "check_http_log",
     "check_log",
     "missing",
+    "observe_rate",
+    "run_http_race",
     "run_race",
     "scratch_database",
     "terminate_backends",
@@ -777,3 +788,503 @@ def scratch_database(admin_libpq_url: str, prefix: str = "ct_topo") -> Iterator[
         yield name, url
     finally:
         drop_scratch_db(admin_libpq_url, name)
+
+
+# -- API replicas behind HAProxy ----------------------------------------------------------------------
+
+
+class Balancer:
+    """HAProxy (Debian's ``/usr/sbin/haproxy``) on a free loopback port in front of HTTP servers.
+
+    One frontend, one backend balancing ``roundrobin`` (or ``balance``, e.g. ``uri depth 3``
+    with ``hash_type="consistent"``: each session's requests to one server) over ``servers`` (name -> loopback port),
+    each health-checked with ``GET <check_path>`` every ``inter_ms`` (down after ``fall`` failed
+    checks, up again after ``rise`` good ones). A connection refused by a server is retried on
+    another one (``retries 3``, ``option redispatch 1``): nothing was sent, so that is safe for any
+    request. A request already sent to a server that dies answers 502, which the tracker's clients
+    retry with the same idempotency key. Timeouts leave room for the 30 s long-poll. The admin
+    socket (:meth:`servers_status`) reports each server's check status and request count. With
+    ``fail_open`` each server is also a ``backup`` without a check: while every checked server is
+    down (all fail ``/readyz``, e.g. Redis is down) requests still reach the servers.
+    """
+
+    def __init__(
+        self,
+        servers: dict[str, int],
+        *,
+        check_path: str = "/readyz",
+        inter_ms: int = 250,
+        fall: int = 2,
+        rise: int = 2,
+        balance: str = "roundrobin",
+        hash_type: str | None = None,
+        fail_open: bool = False,
+    ) -> None:
+        self.balance, self.hash_type, self.fail_open = balance, hash_type, fail_open
+        self.servers, self.check_path, self.inter_ms, self.fall, self.rise = (
+            dict(servers),
+            check_path,
+            inter_ms,
+            fall,
+            rise,
+        )
+        self.dir = Path(tempfile.mkdtemp(prefix="ct-haproxy-"))
+        self.port = free_port()
+        self.socket = self.dir / "admin.sock"
+        self.proc: _Proc | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{LOOPBACK}:{self.port}"
+
+    def config(self) -> str:
+        lines = [
+            "global",
+            f"    stats socket {self.socket} mode 600 level admin",
+            "    maxconn 4000",
+            "",
+            "defaults",
+            "    mode http",
+            "    timeout connect 2s",
+            "    timeout client 45s",
+            "    timeout server 45s",
+            "    timeout http-keep-alive 10s",
+            "    timeout check 2s",
+            "    retries 3",
+            "    option redispatch 1",
+            "",
+            "frontend api",
+            f"    bind {LOOPBACK}:{self.port}",
+            "    default_backend replicas",
+            "",
+            "backend replicas",
+            f"    balance {self.balance}",
+            *([f"    hash-type {self.hash_type}"] if self.hash_type else []),
+            f"    option httpchk GET {self.check_path}",
+            "    http-check expect status 200",
+            f"    default-server inter {self.inter_ms}ms fall {self.fall} rise {self.rise}",
+            *(f"    server {name} {LOOPBACK}:{port} check" for name, port in self.servers.items()),
+        ]
+        if self.fail_open:  # the same servers, unchecked, used only while every checked one is down
+            lines.insert(lines.index("backend replicas") + 1, "    option allbackups")
+            lines += [f"    server {name}-any {LOOPBACK}:{port} backup" for name, port in self.servers.items()]
+        return "\n".join(lines) + "\n"
+
+    def __enter__(self) -> Balancer:
+        try:
+            self.start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def start(self) -> Balancer:
+        cfg = self.dir / "haproxy.cfg"
+        cfg.write_text(self.config())
+        check = subprocess.run([_program("haproxy"), "-c", "-f", str(cfg)], capture_output=True, text=True, timeout=30)
+        if check.returncode != 0:
+            raise RuntimeError(f"haproxy refused its configuration:\n{check.stdout}{check.stderr}")
+        # -db: stay in the foreground (the process to kill is the one started)
+        self.proc = _Proc([_program("haproxy"), "-db", "-f", str(cfg)], self.port, self.dir / "haproxy.log").start()
+        wait_for(lambda: all(s["status"] == "UP" for s in self.servers_status().values()), 30, "every server UP")
+        return self
+
+    def _admin(self, command: str) -> str:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(5)
+            s.connect(str(self.socket))
+            s.sendall(command.encode() + b"\n")
+            chunks = []
+            while chunk := s.recv(65536):
+                chunks.append(chunk)
+        return b"".join(chunks).decode()
+
+    def servers_status(self) -> dict[str, dict[str, Any]]:
+        """Per server of the backend: ``status`` (``UP``, ``DOWN``, ``UP 1/2``…), ``requests``
+        (HTTP requests sent to it), ``responses`` (by class: ``2xx``…), ``check`` (last check's status)."""
+        lines = [line for line in self._admin("show stat").splitlines() if line]
+        header = lines[0].lstrip("# ").split(",")
+        out: dict[str, dict[str, Any]] = {}
+        for line in lines[1:]:
+            row = dict(zip(header, line.split(","), strict=False))
+            if row.get("pxname") == "replicas" and row.get("svname") in self.servers:
+                out[row["svname"]] = {
+                    "status": row["status"],
+                    "requests": int(row.get("stot") or 0),
+                    "responses": {k: int(row.get(f"hrsp_{k}") or 0) for k in ("2xx", "4xx", "5xx")},
+                    "check": row.get("check_status", ""),
+                }
+        return out
+
+    def wait_status(self, server: str, status: str, timeout_s: float = 30) -> float:
+        """Wait until ``server``'s status is ``status``; the seconds it took."""
+        started = time.monotonic()
+        wait_for(lambda: self.servers_status()[server]["status"] == status, timeout_s, f"{server} to be {status}")
+        return time.monotonic() - started
+
+    def log(self) -> str:
+        path = self.dir / "haproxy.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def close(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class Replicas:
+    """``n`` ``tracker serve`` processes on one scratch PostgreSQL database (at head) and one Redis,
+    with one fleet and its key, each on its own loopback port, started together.
+
+    ``settings`` (``TRACKER_*``) configure every replica. The fleet's sessions are stored as
+    ``"<fleet_id>:<session>"`` (:meth:`internal`), so the Redis keys of this fleet
+    (``tracker:{<fleet_id>:<session>}:…``) are a prefix of its own in a shared Redis.
+    """
+
+    def __init__(self, n: int = 2, *, redis_url: str | None = None, **settings: str) -> None:
+        self.n, self.redis_url, self.settings = n, redis_url, settings
+        self.ports = [free_port() for _ in range(n)]
+        self.names = [f"r{i + 1}" for i in range(n)]
+        self.procs: list[subprocess.Popen | None] = [None] * n
+        self.env: dict[str, str] = {}
+        self.db_url = self.token = self.fleet_id = ""
+        self._db: contextlib.ExitStack | None = None
+
+    def url(self, i: int) -> str:
+        return f"http://{LOOPBACK}:{self.ports[i]}"
+
+    def internal(self, session_id: str) -> str:
+        return f"{self.fleet_id}:{session_id}"
+
+    def __enter__(self) -> Replicas:
+        from tests.support.db import REDIS_URL
+        from tests.support.db import scratch_database as scratch
+        from tracker.store import make_engine
+        from tracker.store.fleets import FleetStore
+
+        self._db = contextlib.ExitStack()
+        try:
+            self.db_url = self._db.enter_context(scratch("ct_bal", upgrade=True))
+            engine = make_engine(self.db_url)
+            try:
+                fleets = FleetStore(engine)
+                fleet = fleets.create_fleet("balanced")
+                self.fleet_id, self.token = fleet["fleet_id"], fleets.create_key(fleet["fleet_id"])[1]
+            finally:
+                engine.dispose()
+            env = {k: v for k, v in os.environ.items() if not k.startswith("TRACKER_")}
+            env.update(TRACKER_DATABASE_URL=self.db_url, TRACKER_REDIS_URL=self.redis_url or REDIS_URL)
+            env.update(self.settings)
+            self.env = env
+            self._start_all()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _spawn(self, i: int) -> subprocess.Popen:
+        import sys
+
+        log = open(self.log_path(i), "ab")  # noqa: SIM115 - the child holds it; closed below
+        try:
+            return subprocess.Popen(
+                [sys.executable, "-m", "tracker.cli", "serve", "--port", str(self.ports[i]), "--no-access-log"],
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        finally:
+            log.close()
+
+    def log_path(self, i: int) -> Path:
+        return Path(tempfile.gettempdir()) / f"ct-replica-{self.ports[i]}.log"
+
+    def _ready(self, i: int) -> bool:
+        import httpx
+
+        proc = self.procs[i]
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(
+                f"replica {self.names[i]} exited: {self.log_path(i).read_text(errors='replace')[-2000:]}"
+            )
+        try:
+            return httpx.get(self.url(i) + "/readyz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def _start_all(self) -> None:
+        for i in range(self.n):  # every replica imports and starts at once
+            self.procs[i] = self._spawn(i)
+        for i in range(self.n):
+            wait_for(lambda i=i: self._ready(i), 90, f"replica {self.names[i]} to be ready")
+
+    def start(self, i: int) -> None:
+        """Start replica ``i`` again (after :meth:`kill`) on its port; wait until it is ready."""
+        self.procs[i] = self._spawn(i)
+        wait_for(lambda: self._ready(i), 90, f"replica {self.names[i]} to be ready")
+
+    def kill(self, i: int) -> None:
+        """SIGKILL replica ``i``: in-flight requests get no answer, nothing is handed over."""
+        proc = self.procs[i]
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(10)
+
+    def close(self) -> None:
+        from tracker.bench.procs import stop_server
+
+        for i, proc in enumerate(self.procs):
+            if proc is not None:
+                stop_server(proc, grace_s=10)
+                self.log_path(i).unlink(missing_ok=True)
+        self.procs = [None] * self.n
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+
+def _counting_transport() -> tuple[Any, dict[str, int]]:
+    """An httpx transport that counts what a client retries: 502/503/504 answers and transport errors."""
+    import httpx
+
+    seen = {"http_502": 0, "http_503": 0, "http_504": 0, "transport_errors": 0}
+    names = {502: "http_502", 503: "http_503", 504: "http_504"}
+
+    class Counting(httpx.HTTPTransport):
+        def handle_request(self, request: httpx.Request) -> httpx.Response:
+            try:
+                response = super().handle_request(request)
+            except httpx.TransportError:
+                seen["transport_errors"] += 1
+                raise
+            if response.status_code in names:
+                seen[names[response.status_code]] += 1
+            return response
+
+    return Counting(), seen
+
+
+def http_racer(
+    url: str,
+    token: str,
+    sessions: list[str],
+    seed: int,
+    duration_s: float,
+    ready: Any,
+    go: Any,
+    results: Any,
+) -> None:
+    """One process of the fleet: its own ``TrackerClient`` on ``url`` with the fleet's key.
+
+    Says ``ready``, waits for ``go``, then for ``duration_s`` picks one of the shared ``sessions``,
+    observes it (a basis few processes share), and commits or rejects every attempt it opened.
+    Every call carries an idempotency key of this process's own (``p<seed>-<n>``), which the
+    client reuses on its retries. Puts on ``results``: the counts, the retries the client made
+    (502/503/504, transport errors), and per session every acknowledged write: ``measured``
+    (basis, version), ``started``/``committed``/``rejected`` attempt ids, and ``keys`` (the
+    idempotency key of every call the tracker answered with a recorded outcome: a decision, a
+    ``context_limit`` refusal, a commit, a reject).
+    """
+    from tracker.client import TrackerClient
+    from tracker.errors import (
+        AttemptError,
+        ContextLimitError,
+        StaleBasis,
+        StoreUnavailable,
+        TrackerError,
+        UnknownSession,
+    )
+
+    rng = random.Random(seed)
+    transport, retried = _counting_transport()
+    client = TrackerClient(url, token, retries=8, backoff_s=0.1, timeout=30, transport=transport)
+    counts = {"compact": 0, "proceed": 0, "wait": 0, "context_limit": 0, "stale": 0, "attempt_errors": 0}
+    counts.update(unavailable=0, other_errors=0)
+    acked = {s: {"measured": [], "started": [], "committed": [], "rejected": [], "keys": []} for s in sessions}
+    errors: list[str] = []
+    n = 0
+
+    def key() -> str:
+        nonlocal n
+        n += 1
+        return f"p{seed}-{n}"
+
+    try:
+        for s in sessions:
+            with contextlib.suppress(UnknownSession):  # no session yet
+                client.state(s)  # connected before the start
+        ready.put(seed)
+        go.wait(120)
+        until = time.monotonic() + duration_s
+        while time.monotonic() < until:
+            s = rng.choice(sessions)
+            mine = acked[s]
+            try:
+                try:
+                    revision = client.state(s).revision
+                except UnknownSession:
+                    revision = 1
+                used = rng.choice([rng.randint(300, 790), rng.randint(800, 999), LIMIT, LIMIT + rng.randint(0, 50)])
+                basis = f"r{revision}:t{rng.randint(0, 5)}"
+                k = key()
+                try:
+                    r = client.observe(s, measurement=_measurement(basis, used), idempotency_key=k)
+                except ContextLimitError:
+                    counts["context_limit"] += 1
+                    mine["keys"].append(k)  # recorded, then refused
+                    continue
+                except StaleBasis:
+                    counts["stale"] += 1
+                    continue
+                counts[r.action] += 1
+                mine["keys"].append(k)
+                mine["measured"].append((basis, r.version))
+                if r.action == "compact":
+                    a = r.attempt
+                    mine["started"].append(a.attempt_id)
+                    k = key()
+                    try:
+                        if rng.random() < 0.5:
+                            client.commit(s, a.attempt_id, a.fencing_token, rng.randint(100, 400), idempotency_key=k)
+                            mine["committed"].append(a.attempt_id)
+                        else:
+                            client.reject(s, a.attempt_id, a.fencing_token, "execution_failed", idempotency_key=k)
+                            mine["rejected"].append(a.attempt_id)
+                        mine["keys"].append(k)
+                    except AttemptError:
+                        counts["attempt_errors"] += 1
+            except StoreUnavailable as exc:  # retries used up: counted, never acknowledged
+                counts["unavailable"] += 1
+                if len(errors) < 5:
+                    errors.append(str(exc))
+                time.sleep(0.05)
+            except TrackerError as exc:
+                counts["other_errors"] += 1
+                if len(errors) < 5:
+                    errors.append(f"{type(exc).__name__}: {exc}")
+    finally:
+        client.close()
+    results.put({"counts": counts, "retried": retried, "acked": acked, "errors": errors})
+
+
+def check_http_log(db_url: str, replicas: Replicas, sessions: list[str], outcomes: list[dict]) -> dict:
+    """Per session, :func:`check_log` (one automatic attempt per basis, never two open, versions
+    gap-free, projection = fold, every acknowledged observe/attempt in the log), then every
+    acknowledged idempotency key found on the session's events. The summed summary."""
+    from tracker.store import open_store
+
+    total: dict[str, Any] = {"events": 0, "automatic_attempts": 0, "acknowledged_writes": 0, "acknowledged_keys": 0}
+    store = open_store(db_url)
+    try:
+        for s in sessions:
+            per = [{"acked": o["acked"][s]} for o in outcomes]
+            summary = check_log(db_url, replicas.internal(s), per)
+            for k in ("events", "automatic_attempts", "acknowledged_writes"):
+                total[k] += summary[k]
+            recorded = {e.idempotency_key for e in store.read_stream(replicas.internal(s)) if e.idempotency_key}
+            acked_keys = [k for o in outcomes for k in o["acked"][s]["keys"]]
+            lost = [k for k in acked_keys if k not in recorded]
+            assert lost == [], f"{s}: acknowledged calls missing from the log (idempotency keys): {lost[:5]}"
+            total["acknowledged_keys"] += len(acked_keys)
+    finally:
+        store.close()
+    return total
+
+
+def run_http_race(
+    url: str,
+    replicas: Replicas,
+    *,
+    procs: int = 12,
+    sessions: int = 3,
+    duration_s: float = 5.0,
+    during: Callable[[float], Any] | None = None,
+) -> tuple[dict, dict, Any]:
+    """``procs`` :func:`http_racer` processes on ``sessions`` shared sessions through ``url`` for
+    ``duration_s``, started together; ``during(start)`` runs here meanwhile; then the log checked
+    (:func:`check_http_log`). Returns (summary with ``observes_per_s``, summed counts and retries,
+    what ``during`` returned)."""
+    tag = uuid.uuid4().hex[:8]
+    names = [f"bal-{tag}-{i}" for i in range(sessions)]
+    ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+    ready, results, go = ctx.Queue(), ctx.Queue(), ctx.Event()
+    workers = [
+        ctx.Process(target=http_racer, args=(url, replicas.token, names, seed, duration_s, ready, go, results))
+        for seed in range(procs)
+    ]
+    for w in workers:
+        w.start()
+    try:
+        for _ in workers:
+            ready.get(timeout=120)
+        started = time.monotonic()
+        go.set()
+        happened = during(started) if during is not None else None
+        outcomes = [results.get(timeout=120) for _ in workers]
+    finally:
+        for w in workers:
+            w.join(30)
+            if w.is_alive():  # pragma: no cover - a racer stuck: never leave it behind
+                w.kill()
+    counts: dict[str, int] = {}
+    for r in outcomes:
+        for k, v in [*r["counts"].items(), *r["retried"].items()]:
+            counts[k] = counts.get(k, 0) + v
+    summary = check_http_log(replicas.db_url, replicas, names, outcomes)
+    observes = sum(counts[k] for k in ("compact", "proceed", "wait", "context_limit"))
+    summary["observes"] = observes
+    summary["observes_per_s"] = round(observes / duration_s, 1)
+    summary["errors"] = [e for r in outcomes for e in r["errors"]][:3]
+    return summary, counts, happened
+
+
+def http_observer(url: str, token: str, session_id: str, duration_s: float, ready: Any, go: Any, results: Any) -> None:
+    """One process observing its own session at low pressure (``proceed``, no attempts) through
+    ``url`` for ``duration_s``: the request capacity, without contention. Puts its count."""
+    from tracker.client import TrackerClient
+
+    client = TrackerClient(url, token, retries=8, backoff_s=0.1, timeout=30)
+    done = 0
+    try:
+        client.observe(session_id, measurement={"basis": "r1:m0", "input_tokens": 10, "input_limit": LIMIT})
+        ready.put(session_id)
+        go.wait(120)
+        until = time.monotonic() + duration_s
+        while time.monotonic() < until:
+            done += 1
+            m = {"basis": f"r1:m{done}", "input_tokens": 10 + done % 100, "input_limit": LIMIT}
+            assert client.observe(session_id, measurement=m).action == "proceed"
+    finally:
+        client.close()
+    results.put(done)
+
+
+def observe_rate(url: str, replicas: Replicas, *, procs: int = 12, duration_s: float = 3.0) -> float:
+    """Observes per second of ``procs`` :func:`http_observer` processes (one session each) through ``url``."""
+    tag = uuid.uuid4().hex[:8]
+    ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+    ready, results, go = ctx.Queue(), ctx.Queue(), ctx.Event()
+    workers = [
+        ctx.Process(target=http_observer, args=(url, replicas.token, f"cap-{tag}-{i}", duration_s, ready, go, results))
+        for i in range(procs)
+    ]
+    for w in workers:
+        w.start()
+    try:
+        for _ in workers:
+            ready.get(timeout=120)
+        go.set()
+        done = [results.get(timeout=120) for _ in workers]
+    finally:
+        for w in workers:
+            w.join(30)
+            if w.is_alive():  # pragma: no cover
+                w.kill()
+    return round(sum(done) / duration_s, 1)
