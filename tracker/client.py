@@ -234,7 +234,7 @@ class _Pages:
 
     def __init__(
         self, call: Callable[[Any], _Call], at: Any, rows: Callable[[Any], list[Any]], after: Callable[[Any], Any]
-    ):
+    ) -> None:
         self._call, self._at, self._rows, self._after = call, at, rows, after
 
     def next_call(self) -> _Call | None:
