@@ -29,15 +29,16 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Generic, TypeVar, Unpack
 from urllib.parse import quote
 
 import httpx
 
 from tracker.core.decide import Decision, Result
-from tracker.core.model import Basis, Measurement
+from tracker.core.model import Measurement
 from tracker.core.state import Attempt, SessionState
 from tracker.errors import CountTimeout, InvalidInput, StoreUnavailable, TrackerError, WaitTimeout, error_from_dict
+from tracker.protocol import CompactionOptions, ObserveOptions, unexpected
 from tracker.store.base import StoredEvent
 
 API_PREFIX = "/v1"
@@ -63,32 +64,20 @@ def _measurement_body(measurement: Measurement | dict[str, Any]) -> dict[str, An
     return dict(measurement)
 
 
-def _observe_body(
-    request: Any,
-    measurement: Any,
-    model: str | None,
-    basis: Basis | str | None,
-    compaction_threshold: float | None,
-    scope: str | None,
-    scope_confidence: float | None,
-    overhead_tokens: int | None,
-    idempotency_key: str | None,
-) -> dict[str, Any]:
+def _observe_body(options: ObserveOptions) -> dict[str, Any]:
+    unexpected("observe", options, ObserveOptions)
+    given: dict[str, Any] = dict(options)
+    request, measurement, basis = given.get("request"), given.get("measurement"), given.get("basis")
     if (request is None) == (measurement is None):
         raise InvalidInput("request", "give exactly one of request= or measurement=")
-    body: dict[str, Any] = {"idempotency_key": _key(idempotency_key)}
+    body: dict[str, Any] = {"idempotency_key": _key(given.get("idempotency_key"))}
     if measurement is not None:
         body["measurement"] = _measurement_body(measurement)
     else:
-        body.update(request=request, model=model, basis=str(basis) if basis is not None else None)
-    for name, value in (
-        ("compaction_threshold", compaction_threshold),
-        ("scope", scope),
-        ("scope_confidence", scope_confidence),
-        ("overhead_tokens", overhead_tokens),
-    ):
-        if value is not None:
-            body[name] = value
+        body.update(request=request, model=given.get("model"), basis=str(basis) if basis is not None else None)
+    for name in ("compaction_threshold", "scope", "scope_confidence", "overhead_tokens"):
+        if given.get(name) is not None:
+            body[name] = given[name]
     return body
 
 
@@ -165,17 +154,17 @@ class _Call:
     params: dict[str, Any] | None = None
 
 
-def _observe_call(session_id: str, **kw: Any) -> _Call:
-    return _Call("POST", _path("sessions", session_id, "observe"), _result, json=_observe_body(**kw))
+def _observe_call(session_id: str, options: ObserveOptions) -> _Call:
+    return _Call("POST", _path("sessions", session_id, "observe"), _result, json=_observe_body(options))
 
 
-def _manual_call(
-    session_id: str, basis: Basis | str | None, overhead_tokens: int | None, idempotency_key: str | None
-) -> _Call:
+def _manual_call(session_id: str, options: CompactionOptions) -> _Call:
+    unexpected("request_compaction", options, CompactionOptions)
+    basis = options.get("basis")
     body = {
-        "idempotency_key": _key(idempotency_key),
+        "idempotency_key": _key(options.get("idempotency_key")),
         "basis": str(basis) if basis is not None else None,
-        "overhead_tokens": overhead_tokens,
+        "overhead_tokens": options.get("overhead_tokens"),
     }
     return _Call("POST", _path("sessions", session_id, "compactions"), lambda d: Attempt(**d), json=body)
 
@@ -184,6 +173,20 @@ def _end_call(session_id: str, attempt_id: str, verb: str, body: dict[str, Any],
     """A commit or a reject of the attempt."""
     path = _path("sessions", session_id, "compactions", attempt_id, verb)
     return _Call("POST", path, SessionState.from_data, json={**body, "idempotency_key": _key(idempotency_key)})
+
+
+def _commit_call(
+    session_id: str, attempt_id: str, fencing_token: int, tokens_after: int, idempotency_key: str | None
+) -> _Call:
+    body = {"fencing_token": fencing_token, "tokens_after": tokens_after}
+    return _end_call(session_id, attempt_id, "commit", body, idempotency_key)
+
+
+def _reject_call(
+    session_id: str, attempt_id: str, fencing_token: int, reject_reason: str, idempotency_key: str | None
+) -> _Call:
+    body = {"fencing_token": fencing_token, "reject_reason": reject_reason}
+    return _end_call(session_id, attempt_id, "reject", body, idempotency_key)
 
 
 def _state_call(session_id: str) -> _Call:
@@ -204,17 +207,76 @@ def _sessions_call(params: dict[str, Any]) -> _Call:
     return _Call("GET", _path("sessions"), lambda d: d, params=params)
 
 
-def _check_timeout(timeout: Any) -> None:
-    if not isinstance(timeout, (int, float)) or timeout < 0:
-        raise InvalidInput("timeout", f"must be a number >= 0, got {timeout!r}")
+class _Waiting:
+    """One ``wait``: its long-polls (each at most ``MAX_WAIT_PER_REQUEST_S``) until ``timeout``."""
+
+    def __init__(self, session_id: str, attempt_id: str, timeout: Any) -> None:
+        if not isinstance(timeout, (int, float)) or timeout < 0:
+            raise InvalidInput("timeout", f"must be a number >= 0, got {timeout!r}")
+        self.session_id, self.attempt_id, self.timeout = session_id, attempt_id, timeout
+        self.deadline = time.monotonic() + timeout
+
+    def poll(self) -> _Call:
+        return _wait_call(self.session_id, self.attempt_id, max(0.0, self.deadline - time.monotonic()))
+
+    def polled_out(self) -> None:
+        """A poll timed out: poll again, or (past the deadline) raise ``WaitTimeout``."""
+        if time.monotonic() >= self.deadline:
+            msg = f"attempt {self.attempt_id} still open after {self.timeout}s"
+            raise WaitTimeout(msg, attempt_id=self.attempt_id) from None
 
 
-def _still_open(attempt_id: str, timeout: float) -> WaitTimeout:
-    return WaitTimeout(f"attempt {attempt_id} still open after {timeout}s", attempt_id=attempt_id)
+_LAST = object()
 
 
-class _Base:
-    def __init__(self, base_url: str, api_key: str, *, timeout: float, retries: int, backoff_s: float) -> None:
+class _Pages:
+    """A listing fetched page by page: the request for the next page (None after the last) and each page's rows."""
+
+    def __init__(
+        self, call: Callable[[Any], _Call], at: Any, rows: Callable[[Any], list[Any]], after: Callable[[Any], Any]
+    ) -> None:
+        self._call, self._at, self._rows, self._after = call, at, rows, after
+
+    def next_call(self) -> _Call | None:
+        return None if self._at is _LAST else self._call(self._at)
+
+    def rows(self, page: Any) -> list[Any]:
+        self._at = self._after(page)
+        return self._rows(page)
+
+
+def _history_pages(session_id: str, from_version: int) -> _Pages:
+    return _Pages(
+        lambda version: _history_call(session_id, version),
+        from_version,
+        lambda page: [_event(e) for e in page["events"]],
+        lambda page: page["next_from_version"] if page["has_more"] else _LAST,
+    )
+
+
+def _sessions_pages(pressure: str | None, since: datetime | float | None, page_size: int) -> _Pages:
+    return _Pages(
+        lambda cursor: _sessions_call(_sessions_params(pressure, since, page_size, cursor)),
+        None,
+        lambda page: page["sessions"],
+        lambda page: page.get("next_cursor") or _LAST,
+    )
+
+
+TransportT = TypeVar("TransportT", httpx.BaseTransport, httpx.AsyncBaseTransport)
+
+
+class _Base(Generic[TransportT]):
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str,
+        *,
+        timeout: float = 35.0,
+        retries: int = 3,
+        backoff_s: float = 0.2,
+        transport: TransportT | None = None,
+    ) -> None:
         if not isinstance(retries, int) or retries < 0:
             raise InvalidInput("retries", f"must be an integer >= 0, got {retries!r}")
         self.base_url = base_url.rstrip("/")
@@ -222,6 +284,10 @@ class _Base:
         self.backoff_s = backoff_s
         self.timeout = timeout
         self._headers = {"Authorization": f"Bearer {api_key}", "User-Agent": "context-tracker-client"}
+        self._open(transport)
+
+    def _open(self, transport: TransportT | None) -> None:
+        raise NotImplementedError
 
     def _delay(self, attempt: int) -> float:
         return random.uniform(0, self.backoff_s * 2**attempt)  # full jitter
@@ -242,21 +308,13 @@ class _Base:
 _RETRY = object()
 
 
-class TrackerClient(_Base):
+class TrackerClient(_Base[httpx.BaseTransport]):
     """A ``Tracker`` over HTTP (sync). Use as a context manager or call ``close()``."""
 
-    def __init__(
-        self,
-        base_url: str,
-        api_key: str,
-        *,
-        timeout: float = 35.0,
-        retries: int = 3,
-        backoff_s: float = 0.2,
-        transport: httpx.BaseTransport | None = None,
-    ) -> None:
-        super().__init__(base_url, api_key, timeout=timeout, retries=retries, backoff_s=backoff_s)
-        self._http = httpx.Client(base_url=self.base_url, headers=self._headers, timeout=timeout, transport=transport)
+    def _open(self, transport: httpx.BaseTransport | None) -> None:
+        self._http = httpx.Client(
+            base_url=self.base_url, headers=self._headers, timeout=self.timeout, transport=transport
+        )
 
     def close(self) -> None:
         self._http.close()
@@ -280,45 +338,12 @@ class TrackerClient(_Base):
             time.sleep(self._delay(attempt))
         raise AssertionError("unreachable")  # pragma: no cover
 
-    # -- the Tracker's methods ---------------------------------------------------------------
-    def observe(
-        self,
-        session_id: str,
-        *,
-        request: Any = None,
-        measurement: Measurement | dict[str, Any] | None = None,
-        model: str | None = None,
-        basis: Basis | str | None = None,
-        compaction_threshold: float | None = None,
-        scope: str | None = None,
-        scope_confidence: float | None = None,
-        overhead_tokens: int | None = None,
-        idempotency_key: str | None = None,
-    ) -> Result:
-        return self._run(
-            _observe_call(
-                session_id,
-                request=request,
-                measurement=measurement,
-                model=model,
-                basis=basis,
-                compaction_threshold=compaction_threshold,
-                scope=scope,
-                scope_confidence=scope_confidence,
-                overhead_tokens=overhead_tokens,
-                idempotency_key=idempotency_key,
-            )
-        )
+    # -- the Tracker's methods (each the request its _Call builder makes, run) ------------------
+    def observe(self, session_id: str, **options: Unpack[ObserveOptions]) -> Result:
+        return self._run(_observe_call(session_id, options))
 
-    def request_compaction(
-        self,
-        session_id: str,
-        *,
-        basis: Basis | str | None = None,
-        overhead_tokens: int | None = None,
-        idempotency_key: str | None = None,
-    ) -> Attempt:
-        return self._run(_manual_call(session_id, basis, overhead_tokens, idempotency_key))
+    def request_compaction(self, session_id: str, **options: Unpack[CompactionOptions]) -> Attempt:
+        return self._run(_manual_call(session_id, options))
 
     def commit(
         self,
@@ -328,8 +353,7 @@ class TrackerClient(_Base):
         tokens_after: int,
         idempotency_key: str | None = None,
     ) -> SessionState:
-        body = {"fencing_token": fencing_token, "tokens_after": tokens_after}
-        return self._run(_end_call(session_id, attempt_id, "commit", body, idempotency_key))
+        return self._run(_commit_call(session_id, attempt_id, fencing_token, tokens_after, idempotency_key))
 
     def reject(
         self,
@@ -339,32 +363,25 @@ class TrackerClient(_Base):
         reject_reason: str,
         idempotency_key: str | None = None,
     ) -> SessionState:
-        body = {"fencing_token": fencing_token, "reject_reason": reject_reason}
-        return self._run(_end_call(session_id, attempt_id, "reject", body, idempotency_key))
+        return self._run(_reject_call(session_id, attempt_id, fencing_token, reject_reason, idempotency_key))
 
     def wait(self, session_id: str, attempt_id: str, timeout: float = 30.0) -> str:
         """Block until the attempt ends: 'committed' or 'rejected:<reason>'. Raises ``WaitTimeout``."""
-        _check_timeout(timeout)
-        deadline = time.monotonic() + timeout
+        waiting = _Waiting(session_id, attempt_id, timeout)
         while True:
             try:
-                return self._run(_wait_call(session_id, attempt_id, max(0.0, deadline - time.monotonic())))
+                return self._run(waiting.poll())
             except WaitTimeout:
-                if time.monotonic() >= deadline:
-                    raise _still_open(attempt_id, timeout) from None
+                waiting.polled_out()
 
     def state(self, session_id: str) -> SessionState:
         return self._run(_state_call(session_id))
 
     def history(self, session_id: str, from_version: int = 1) -> Iterator[StoredEvent]:
         """Every event of the session from ``from_version`` on, fetched page by page."""
-        version = from_version
-        while True:
-            page = self._run(_history_call(session_id, version))
-            yield from (_event(e) for e in page["events"])
-            if not page["has_more"]:
-                return
-            version = page["next_from_version"]
+        pages = _history_pages(session_id, from_version)
+        while (call := pages.next_call()) is not None:
+            yield from pages.rows(self._run(call))
 
     def sessions(
         self, *, pressure: str | None = None, since: datetime | float | None = None, page_size: int = 100
@@ -376,31 +393,17 @@ class TrackerClient(_Base):
         ``pressure``, ``occupancy_bp``, ``revision``, ``open_attempts``, ``created_at``,
         ``updated_at`` (last activity, ISO text).
         """
-        cursor: str | None = None
-        while True:
-            page = self._run(_sessions_call(_sessions_params(pressure, since, page_size, cursor)))
-            yield from page["sessions"]
-            cursor = page.get("next_cursor")
-            if not cursor:
-                return
+        pages = _sessions_pages(pressure, since, page_size)
+        while (call := pages.next_call()) is not None:
+            yield from pages.rows(self._run(call))
 
 
-class AsyncTrackerClient(_Base):
+class AsyncTrackerClient(_Base[httpx.AsyncBaseTransport]):
     """A ``Tracker`` over HTTP for asyncio code: the same methods, awaited."""
 
-    def __init__(
-        self,
-        base_url: str,
-        api_key: str,
-        *,
-        timeout: float = 35.0,
-        retries: int = 3,
-        backoff_s: float = 0.2,
-        transport: httpx.AsyncBaseTransport | None = None,
-    ) -> None:
-        super().__init__(base_url, api_key, timeout=timeout, retries=retries, backoff_s=backoff_s)
+    def _open(self, transport: httpx.AsyncBaseTransport | None) -> None:
         self._http = httpx.AsyncClient(
-            base_url=self.base_url, headers=self._headers, timeout=timeout, transport=transport
+            base_url=self.base_url, headers=self._headers, timeout=self.timeout, transport=transport
         )
 
     async def aclose(self) -> None:
@@ -425,44 +428,12 @@ class AsyncTrackerClient(_Base):
             await asyncio.sleep(self._delay(attempt))
         raise AssertionError("unreachable")  # pragma: no cover
 
-    async def observe(
-        self,
-        session_id: str,
-        *,
-        request: Any = None,
-        measurement: Measurement | dict[str, Any] | None = None,
-        model: str | None = None,
-        basis: Basis | str | None = None,
-        compaction_threshold: float | None = None,
-        scope: str | None = None,
-        scope_confidence: float | None = None,
-        overhead_tokens: int | None = None,
-        idempotency_key: str | None = None,
-    ) -> Result:
-        return await self._run(
-            _observe_call(
-                session_id,
-                request=request,
-                measurement=measurement,
-                model=model,
-                basis=basis,
-                compaction_threshold=compaction_threshold,
-                scope=scope,
-                scope_confidence=scope_confidence,
-                overhead_tokens=overhead_tokens,
-                idempotency_key=idempotency_key,
-            )
-        )
+    # -- the Tracker's methods, awaited (the same _Call builders as TrackerClient's) -------------
+    async def observe(self, session_id: str, **options: Unpack[ObserveOptions]) -> Result:
+        return await self._run(_observe_call(session_id, options))
 
-    async def request_compaction(
-        self,
-        session_id: str,
-        *,
-        basis: Basis | str | None = None,
-        overhead_tokens: int | None = None,
-        idempotency_key: str | None = None,
-    ) -> Attempt:
-        return await self._run(_manual_call(session_id, basis, overhead_tokens, idempotency_key))
+    async def request_compaction(self, session_id: str, **options: Unpack[CompactionOptions]) -> Attempt:
+        return await self._run(_manual_call(session_id, options))
 
     async def commit(
         self,
@@ -472,8 +443,7 @@ class AsyncTrackerClient(_Base):
         tokens_after: int,
         idempotency_key: str | None = None,
     ) -> SessionState:
-        body = {"fencing_token": fencing_token, "tokens_after": tokens_after}
-        return await self._run(_end_call(session_id, attempt_id, "commit", body, idempotency_key))
+        return await self._run(_commit_call(session_id, attempt_id, fencing_token, tokens_after, idempotency_key))
 
     async def reject(
         self,
@@ -483,41 +453,30 @@ class AsyncTrackerClient(_Base):
         reject_reason: str,
         idempotency_key: str | None = None,
     ) -> SessionState:
-        body = {"fencing_token": fencing_token, "reject_reason": reject_reason}
-        return await self._run(_end_call(session_id, attempt_id, "reject", body, idempotency_key))
+        return await self._run(_reject_call(session_id, attempt_id, fencing_token, reject_reason, idempotency_key))
 
     async def wait(self, session_id: str, attempt_id: str, timeout: float = 30.0) -> str:
-        _check_timeout(timeout)
-        deadline = time.monotonic() + timeout
+        waiting = _Waiting(session_id, attempt_id, timeout)
         while True:
             try:
-                return await self._run(_wait_call(session_id, attempt_id, max(0.0, deadline - time.monotonic())))
+                return await self._run(waiting.poll())
             except WaitTimeout:
-                if time.monotonic() >= deadline:
-                    raise _still_open(attempt_id, timeout) from None
+                waiting.polled_out()
 
     async def state(self, session_id: str) -> SessionState:
         return await self._run(_state_call(session_id))
 
     async def history(self, session_id: str, from_version: int = 1) -> AsyncIterator[StoredEvent]:
-        version = from_version
-        while True:
-            page = await self._run(_history_call(session_id, version))
-            for e in page["events"]:
-                yield _event(e)
-            if not page["has_more"]:
-                return
-            version = page["next_from_version"]
+        pages = _history_pages(session_id, from_version)
+        while (call := pages.next_call()) is not None:
+            for event in pages.rows(await self._run(call)):
+                yield event
 
     async def sessions(
         self, *, pressure: str | None = None, since: datetime | float | None = None, page_size: int = 100
     ) -> AsyncIterator[dict[str, Any]]:
         """The fleet's sessions, most recently active first (see ``TrackerClient.sessions``)."""
-        cursor: str | None = None
-        while True:
-            page = await self._run(_sessions_call(_sessions_params(pressure, since, page_size, cursor)))
-            for row in page["sessions"]:
+        pages = _sessions_pages(pressure, since, page_size)
+        while (call := pages.next_call()) is not None:
+            for row in pages.rows(await self._run(call)):
                 yield row
-            cursor = page.get("next_cursor")
-            if not cursor:
-                return

@@ -3,12 +3,14 @@
 ``Tracker`` (embedded) and ``TrackerClient`` (HTTP) satisfy :class:`TrackerProtocol`;
 ``AsyncTrackerClient`` satisfies :class:`AsyncTrackerProtocol`, the same methods awaited.
 Integrations (LangChain, pydantic-ai) are written against these, never against a class.
+The keyword arguments of ``observe`` and ``request_compaction`` are declared once, as
+:class:`ObserveOptions` and :class:`CompactionOptions`; the clients take them as ``**options``.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import AsyncIterator, Iterator, Mapping
+from typing import Any, Protocol, TypedDict, Unpack, runtime_checkable
 
 from tracker.core.decide import Result
 from tracker.core.model import Basis, Measurement
@@ -16,31 +18,43 @@ from tracker.core.state import Attempt, SessionState
 from tracker.store.base import StoredEvent
 
 
+class ObserveOptions(TypedDict, total=False):
+    """The keyword arguments of ``observe`` (each optional): ``request=`` (with ``model=`` and
+    ``basis=``) or ``measurement=``, then the per-call threshold, scope and overhead, and the
+    ``idempotency_key`` a retry reuses. (``**options: Unpack[ObserveOptions]``: type checkers and
+    editors see these as named keyword parameters.)"""
+
+    request: Any
+    measurement: Measurement | dict[str, Any] | None
+    model: str | None
+    basis: Basis | str | None
+    compaction_threshold: float | None
+    scope: str | None
+    scope_confidence: float | None
+    overhead_tokens: int | None
+    idempotency_key: str | None
+
+
+class CompactionOptions(TypedDict, total=False):
+    """The keyword arguments of ``request_compaction`` (each optional)."""
+
+    basis: Basis | str | None
+    overhead_tokens: int | None
+    idempotency_key: str | None
+
+
+def unexpected(method: str, given: Mapping[str, Any], options: type) -> None:
+    """The ``TypeError`` Python raises for a keyword ``options`` (a TypedDict) does not name."""
+    for name in given:
+        if name not in options.__annotations__:
+            raise TypeError(f"{method}() got an unexpected keyword argument {name!r}")
+
+
 @runtime_checkable
 class TrackerProtocol(Protocol):
-    def observe(
-        self,
-        session_id: str,
-        *,
-        request: Any = None,
-        measurement: Measurement | dict[str, Any] | None = None,
-        model: str | None = None,
-        basis: Basis | str | None = None,
-        compaction_threshold: float | None = None,
-        scope: str | None = None,
-        scope_confidence: float | None = None,
-        overhead_tokens: int | None = None,
-        idempotency_key: str | None = None,
-    ) -> Result: ...
+    def observe(self, session_id: str, **options: Unpack[ObserveOptions]) -> Result: ...
 
-    def request_compaction(
-        self,
-        session_id: str,
-        *,
-        basis: Basis | str | None = None,
-        overhead_tokens: int | None = None,
-        idempotency_key: str | None = None,
-    ) -> Attempt: ...
+    def request_compaction(self, session_id: str, **options: Unpack[CompactionOptions]) -> Attempt: ...
 
     def commit(
         self,
@@ -69,29 +83,9 @@ class TrackerProtocol(Protocol):
 
 @runtime_checkable
 class AsyncTrackerProtocol(Protocol):
-    async def observe(
-        self,
-        session_id: str,
-        *,
-        request: Any = None,
-        measurement: Measurement | dict[str, Any] | None = None,
-        model: str | None = None,
-        basis: Basis | str | None = None,
-        compaction_threshold: float | None = None,
-        scope: str | None = None,
-        scope_confidence: float | None = None,
-        overhead_tokens: int | None = None,
-        idempotency_key: str | None = None,
-    ) -> Result: ...
+    async def observe(self, session_id: str, **options: Unpack[ObserveOptions]) -> Result: ...
 
-    async def request_compaction(
-        self,
-        session_id: str,
-        *,
-        basis: Basis | str | None = None,
-        overhead_tokens: int | None = None,
-        idempotency_key: str | None = None,
-    ) -> Attempt: ...
+    async def request_compaction(self, session_id: str, **options: Unpack[CompactionOptions]) -> Attempt: ...
 
     async def commit(
         self,

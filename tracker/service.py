@@ -461,18 +461,11 @@ class Tracker:
         tokens_after: int,
         idempotency_key: str | None = None,
     ) -> SessionState:
-        check_session_id(session_id)
-        outcome, _ = self._record(
-            session_id,
-            lambda st: decide_commit(
-                st, attempt_id=attempt_id, fencing_token=fencing_token, tokens_after=tokens_after, now=self.clock()
-            ),
-            idempotency_key,
-            op="commit",
+        """Record the attempt's compaction: the session's history is now ``tokens_after`` tokens."""
+        end = functools.partial(
+            decide_commit, attempt_id=attempt_id, fencing_token=fencing_token, tokens_after=tokens_after
         )
-        if outcome.error is not None:
-            raise outcome.error
-        return outcome.state
+        return self._end_attempt(session_id, "commit", end, idempotency_key)
 
     @_command("reject")
     def reject(
@@ -483,15 +476,19 @@ class Tracker:
         reject_reason: str,
         idempotency_key: str | None = None,
     ) -> SessionState:
-        check_session_id(session_id)
-        outcome, _ = self._record(
-            session_id,
-            lambda st: decide_reject(
-                st, attempt_id=attempt_id, fencing_token=fencing_token, reject_reason=reject_reason, now=self.clock()
-            ),
-            idempotency_key,
-            op="reject",
+        """Record that the attempt's holder gave up (``reject_reason``): the session's pressure is
+        unchanged and a later observe decides again."""
+        end = functools.partial(
+            decide_reject, attempt_id=attempt_id, fencing_token=fencing_token, reject_reason=reject_reason
         )
+        return self._end_attempt(session_id, "reject", end, idempotency_key)
+
+    def _end_attempt(
+        self, session_id: str, op: str, end: Callable[..., Outcome], idempotency_key: str | None
+    ) -> SessionState:
+        """A commit or a reject: ``end(state, now=...)`` recorded, its refusal raised after it."""
+        check_session_id(session_id)
+        outcome, _ = self._record(session_id, lambda st: end(st, now=self.clock()), idempotency_key, op=op)
         if outcome.error is not None:
             raise outcome.error
         return outcome.state

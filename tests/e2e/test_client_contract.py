@@ -342,3 +342,16 @@ def test_connection_refused_is_retried_then_store_unavailable():
     ):
         c.state("s")
     assert time.monotonic() - started < 10
+
+
+def test_an_unknown_keyword_is_a_type_error_that_writes_nothing(tracker):
+    """The keyword arguments are declared once (``ObserveOptions``, ``CompactionOptions``); a name they do
+    not declare is refused as Python refuses it, by every implementation, before anything is sent."""
+    s = sid()
+    tracker.observe(s, measurement=m("r1:a", 5_000))
+    before = len(list(tracker.history(s)))
+    with pytest.raises(TypeError, match=r"observe\(\) got an unexpected keyword argument 'measurment'"):
+        tracker.observe(s, measurment=m("r1:b", 5_000))
+    with pytest.raises(TypeError, match=r"request_compaction\(\) got an unexpected keyword argument 'bass'"):
+        tracker.request_compaction(s, bass="r1:a")
+    assert len(list(tracker.history(s))) == before

@@ -233,6 +233,49 @@ def test_a_new_conversation_on_a_compacted_session_is_refused_as_stale(tracker):
     assert model.requests == []  # nothing was sent
 
 
+def history_of(steps):
+    """A history as the agent leaves it after ``steps`` scripted steps (each a tool call and its file)."""
+    out = [HumanMessage(ex.QUESTION)]
+    for i in range(steps):
+        call = {"name": "read_file", "args": {"path": f"src/module_{i}.py"}, "id": f"call_{i}"}
+        out += [
+            AIMessage(content=f"Step {i}: reading src/module_{i}.py.", tool_calls=[call]),
+            ToolMessage(ex.source_file(f"src/module_{i}.py"), tool_call_id=f"call_{i}"),
+        ]
+    return out
+
+
+def test_a_compaction_adopted_and_compacted_again_in_one_call_summarises_the_adopted_summary(tracker):
+    """Another agent compacted this history; this one adopts that summary and is still past the compact
+    level (a long message was added): the summariser is given the messages of the adopted view (the
+    summary first), not the span at the same indices of the history the call began with."""
+    session = f"lc-{uuid.uuid4().hex[:8]}"
+    first, _ = ex.build(tracker, steps=0, summarizer=ex.Summarizer(), session_id=session)
+    first.invoke({"messages": [*history_of(9), HumanMessage("Go on.")]})
+    assert [e.type for e in events(tracker, session, "CompactionStarted", "CompactionCommitted")] == [
+        "CompactionStarted",
+        "CompactionCommitted",
+    ]
+
+    spans = []
+
+    def summarize(messages, budget_tokens):
+        spans.append(messages)
+        return "Summary of both: files were read, then the user pasted the fence log."
+
+    second, model = ex.build(tracker, steps=0, summarizer=summarize, session_id=session)
+    pasted = "And the fence check? Here is its log: " + " ".join(f"fence {n} renewed lease" for n in range(320))
+    out = second.invoke({"messages": [*history_of(9), HumanMessage(pasted)]})
+    assert len(events(tracker, session, "CompactionCommitted")) == 2
+    (span,) = spans
+    assert isinstance(span[0], HumanMessage) and "Files already read" in span[0].content
+    assert not any(isinstance(m, HumanMessage) and m.content == ex.QUESTION for m in span)
+    assert_tool_calls_whole(span)
+    (sent,) = model.requests
+    assert "Summary of both" in sent[1].content  # (after the system message)
+    assert revision_of(out["messages"]) == 3
+
+
 def test_the_default_counter_of_a_remote_client_counts_like_the_embedded_tracker(tracker, tmp_path):
     """Without an embedded counting backend (a TrackerClient), tokens_after is counted in-process
     over the model registry: the same number the tracker's own counter gives."""

@@ -34,7 +34,7 @@ from tracker.integrations.openai_agents import (  # noqa: E402
 from tracker.settings import Settings  # noqa: E402
 from tracker.store.migrate import upgrade  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "openai_agents_agent.py"
 INPUT_LIMIT = 2808  # example-agent-small: 11000 - 8192
 STEP_GROWTH = 400  # one scripted step (a function call and a file) adds ~255 tokens; a generous bound

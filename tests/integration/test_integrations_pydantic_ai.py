@@ -23,9 +23,12 @@ from pydantic_ai import Agent  # noqa: E402
 from pydantic_ai.capabilities import ProcessHistory  # noqa: E402
 from pydantic_ai.messages import (  # noqa: E402
     ModelRequest,
+    ModelResponse,
     SystemPromptPart,
+    TextPart,
     ToolCallPart,
     ToolReturnPart,
+    UserPromptPart,
 )
 from pydantic_ai.models.function import FunctionModel  # noqa: E402
 
@@ -228,3 +231,47 @@ def test_two_agent_processes_on_one_session_compact_once(pg_url, redis_url):
     assert [r["revision"] for r in reports] == [2, 2]
     assert reports[0]["summary"] == reports[1]["summary"]
     assert all(max(r["model_requests"]) < INPUT_LIMIT for r in reports)
+
+
+def history_of(steps):
+    """A history as the agent leaves it after ``steps`` scripted steps (each a tool call and its file)."""
+    out = [ModelRequest(parts=[SystemPromptPart(ex.SYSTEM), UserPromptPart(ex.QUESTION)])]
+    for i in range(steps):
+        call = ToolCallPart("read_file", {"path": f"src/module_{i}.py"}, tool_call_id=f"call_{i}")
+        out += [
+            ModelResponse(parts=[TextPart(f"Step {i}: reading src/module_{i}.py."), call]),
+            ModelRequest(parts=[ToolReturnPart("read_file", ex.source_file(f"src/module_{i}.py"), f"call_{i}")]),
+        ]
+    return out
+
+
+def test_a_compaction_adopted_and_compacted_again_in_one_call_summarises_the_adopted_summary(tracker):
+    """Another agent compacted this history; this one adopts that summary and is still past the compact
+    level (a long prompt was added): the summariser is given the messages of the adopted view (the
+    summary first), not the span at the same indices of the history the call began with."""
+    session = f"pai-{uuid.uuid4().hex[:8]}"
+    first, _ = ex.build(tracker, steps=0, summarizer=ex.Summarizer(), session_id=session)
+    first.run_sync("Go on.", message_history=history_of(9))
+    assert [e.type for e in events(tracker, session, "CompactionStarted", "CompactionCommitted")] == [
+        "CompactionStarted",
+        "CompactionCommitted",
+    ]
+
+    spans = []
+
+    def summarize(messages, budget_tokens):
+        spans.append(messages)
+        return "Summary of both: files were read, then the user pasted the fence log."
+
+    second, script = ex.build(tracker, steps=0, summarizer=summarize, session_id=session)
+    pasted = "And the fence check? Here is its log: " + " ".join(f"fence {n} renewed lease" for n in range(320))
+    result = second.run_sync(pasted, message_history=history_of(9))
+    assert len(events(tracker, session, "CompactionCommitted")) == 2
+    (span,) = spans
+    prompts = [p.content for m in span if isinstance(m, ModelRequest) for p in m.parts if isinstance(p, UserPromptPart)]
+    assert "Files already read" in prompts[0]
+    assert ex.QUESTION not in prompts
+    assert_tool_calls_whole(span)
+    ((sent, _),) = script.requests
+    assert system_parts(sent) == [ex.SYSTEM]
+    assert revision_of(result.all_messages()) == 3

@@ -40,10 +40,10 @@ import logging
 import os
 import tempfile
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypedDict, TypeVar
 
 from tracker.core.model import Basis
 from tracker.core.policy import Policy
@@ -86,6 +86,16 @@ class Item:
     calls: frozenset[str] = frozenset()  # ids of tool calls this entry makes
     results: frozenset[str] = frozenset()  # ids of tool calls this entry answers
     pinned: bool = False  # a leading system entry: kept, never summarised
+
+
+def marked_revision(marks: Iterable[Mapping[str, Any] | None]) -> int:
+    """A history's revision from its messages' metadata, oldest first (a framework's own field):
+    the one written under :data:`MARKER` on its newest summary message, else 1."""
+    for meta in reversed(list(marks)):
+        mark = (meta or {}).get(MARKER)
+        if isinstance(mark, dict) and isinstance(mark.get("revision"), int):
+            return mark["revision"]
+    return 1
 
 
 def summary_item(text: str) -> Item:
@@ -286,6 +296,17 @@ class SummaryFailed(Exception):
 
 
 Summarize = Callable[[int, int, int], str]  # (start, end, budget_tokens) -> summary text
+M = TypeVar("M")
+
+
+class GuardOptions(TypedDict, total=False):
+    """The :class:`ContextGuard` settings an adapter passes through (``Unpack[GuardOptions]``)."""
+
+    keep_last: int
+    share: SummaryShare | None
+    count_tokens: Callable[[dict[str, Any]], int] | None
+    wait_timeout_s: float
+    models_file: str | os.PathLike[str] | None
 
 
 class ContextGuard:
@@ -488,6 +509,28 @@ class ContextGuard:
             tokens_after=committed.get("tokens_after"),
             adopted=True,
         )
+
+
+class Spans(Generic[M]):
+    """The framework messages a ``summarize(start, end, budget)`` call is about.
+
+    ``start`` and ``end`` index the view being compacted (:meth:`ContextGuard.compacting`): after a
+    compaction adopted earlier in the same call that is not the view given, so the messages are
+    found by item, not by position in the original history. A summary item the call adopted has no
+    framework message: ``summary(text)`` makes one (``text`` is what the model reads, prefix included).
+    """
+
+    def __init__(self, guard: ContextGuard, view: View, messages: Sequence[M], summary: Callable[[str], M]) -> None:
+        self._guard, self._view, self._summary = guard, view, summary
+        self._of = {id(it): m for it, m in zip(view.items, messages, strict=True)}
+
+    def __call__(self, start: int, end: int) -> list[M]:
+        now = self._guard.compacting() or self._view
+        out = []
+        for it in now.items[start:end]:
+            m = self._of.get(id(it))
+            out.append(m if m is not None else self._summary(str(it.messages[0]["content"])))
+        return out
 
 
 def summary_prompt(transcript: str, budget_tokens: int) -> str:

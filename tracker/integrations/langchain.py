@@ -29,9 +29,8 @@ import asyncio
 import hashlib
 import inspect
 import json
-import os
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, Unpack
 
 from langchain.agents.middleware.types import (
     AgentMiddleware,
@@ -58,10 +57,12 @@ from tracker.integrations._compaction import (
     MARKER,
     SUMMARY_PREFIX,
     ContextGuard,
+    GuardOptions,
     Item,
     Outcome,
-    SummaryShare,
+    Spans,
     View,
+    marked_revision,
     summary_prompt,
 )
 from tracker.protocol import TrackerProtocol
@@ -155,11 +156,7 @@ def _tool(t: Any) -> dict[str, Any]:
 
 def revision_of(messages: Sequence[BaseMessage]) -> int:
     """The history's revision: the one written on its newest summary message, else 1."""
-    for m in reversed(messages):
-        mark = (getattr(m, "additional_kwargs", None) or {}).get(MARKER)
-        if isinstance(mark, dict) and isinstance(mark.get("revision"), int):
-            return mark["revision"]
-    return 1
+    return marked_revision(getattr(m, "additional_kwargs", None) for m in messages)
 
 
 def view_of(messages: Sequence[BaseMessage], system: BaseMessage | None = None, tools: Sequence[Any] = ()) -> View:
@@ -197,7 +194,8 @@ class ContextTrackerMiddleware(AgentMiddleware):
     results stay together). ``share``: where a compaction is published for other processes on
     the same session (:class:`~tracker.integrations.RedisShare` across machines); default
     in-process. ``count_tokens``: how ``tokens_after`` is counted (default: the tracker's own
-    counter, see :func:`~tracker.integrations.default_counter`).
+    counter, see :func:`~tracker.integrations.default_counter`); ``wait_timeout_s``, ``models_file``:
+    as for :class:`~tracker.integrations._compaction.ContextGuard`.
     """
 
     def __init__(
@@ -207,22 +205,10 @@ class ContextTrackerMiddleware(AgentMiddleware):
         model: str,
         summarizer: Summarizer | None = None,
         session_id: str | None = None,
-        keep_last: int = 6,
-        share: SummaryShare | None = None,
-        count_tokens: Callable[[dict[str, Any]], int] | None = None,
-        wait_timeout_s: float = 30.0,
-        models_file: str | os.PathLike[str] | None = None,
+        **options: Unpack[GuardOptions],
     ) -> None:
         super().__init__()
-        self.guard = ContextGuard(
-            tracker,
-            model=model,
-            keep_last=keep_last,
-            count_tokens=count_tokens,
-            share=share,
-            wait_timeout_s=wait_timeout_s,
-            models_file=models_file,
-        )
+        self.guard = ContextGuard(tracker, model=model, **options)
         self.summarizer = summarizer
         self.session_id = session_id
 
@@ -271,9 +257,10 @@ class ContextTrackerMiddleware(AgentMiddleware):
         """Observe (and compact / wait / adopt); the new history when it changed, else None."""
         messages = list(request.messages)
         view = view_of(messages, request.system_message, request.tools)
+        spans = Spans(self.guard, view, messages, lambda text: HumanMessage(content=text))
 
         def summarize(start: int, end: int, budget: int) -> str:
-            return self._summarize(messages[start:end], budget, request, loop)
+            return self._summarize(spans(start, end), budget, request, loop)
 
         out: Outcome = self.guard.before_call(self._session(request), view, summarize)
         if not out.replacements:

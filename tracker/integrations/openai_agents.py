@@ -47,14 +47,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-import json
 import logging
-import os
 import threading
 import weakref
-from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Coroutine, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Unpack
 
 from agents import Agent, Model, ModelResponse, ModelSettings, RunContextWrapper, RunHooks
 from agents.handoffs import Handoff, handoff
@@ -65,13 +63,22 @@ from tracker.errors import InvalidInput
 from tracker.integrations._compaction import (
     SUMMARY_PREFIX,
     ContextGuard,
-    Item,
+    GuardOptions,
     Replacement,
-    SummaryShare,
+    Spans,
     View,
     default_counter,
     digest,
     summary_prompt,
+)
+from tracker.integrations._openai_items import (
+    input_item,
+    items_of,
+    json_text,
+    summary_input_item,
+    to_request,
+    transcript,
+    view_of,
 )
 from tracker.protocol import TrackerProtocol
 
@@ -80,6 +87,7 @@ __all__ = [
     "ContextTrackerHooks",
     "LLMUsage",
     "input_item",
+    "items_of",
     "summary_input_item",
     "to_request",
     "view_of",
@@ -87,178 +95,6 @@ __all__ = [
 
 log = logging.getLogger("tracker.integrations")
 T = TypeVar("T")
-
-_DROPPED_KEYS = frozenset({"id", "status", "type"})  # bookkeeping of an item, not what the model reads
-
-
-# -- Responses-style input items → the tracker's request shape ---------------------------------
-
-
-def _as_dict(item: Any) -> dict[str, Any]:
-    if isinstance(item, Mapping):
-        return dict(item)
-    dump = getattr(item, "model_dump", None)
-    if callable(dump):  # a pydantic item (the SDK's own types) rather than its TypedDict form
-        return dict(dump(exclude_unset=True))
-    raise InvalidInput("input", f"an input item must be a mapping, got {type(item).__name__}")
-
-
-def _json_text(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, default=str, ensure_ascii=False)
-
-
-def _part(p: Any) -> dict[str, Any]:
-    if isinstance(p, str):
-        return {"type": "text", "text": p}
-    p = _as_dict(p)
-    kind = p.get("type")
-    if kind in ("input_text", "output_text", "text"):
-        return {"type": "text", "text": str(p.get("text", ""))}
-    if kind == "refusal":
-        return {"type": "text", "text": str(p.get("refusal", ""))}
-    if kind == "input_image" and isinstance(p.get("image_url"), str) and p["image_url"]:
-        image: dict[str, Any] = {"type": "input_image", "image_url": p["image_url"]}
-        if p.get("detail") in ("low", "high", "auto"):
-            image["detail"] = p["detail"]
-        return image
-    # files, audio, images by file id: counted as their JSON description (conservative)
-    return {"type": "text", "text": _json_text(p)}
-
-
-def _content(content: Any) -> Any:
-    if content is None or isinstance(content, str):
-        return content or ""
-    return [_part(p) for p in content]
-
-
-def input_item(item: Any) -> Item:
-    """One SDK input item as the tracker's request message(s), with the tool calls it makes / answers."""
-    d = _as_dict(item)
-    kind = d.get("type")
-    role = d.get("role")
-    if kind in (None, "message") and role in ("user", "system", "developer", "assistant"):
-        return Item(({"role": role, "content": _content(d.get("content"))},))
-    call_id = d.get("call_id")
-    if kind == "function_call":
-        args = d.get("arguments")
-        call = {
-            "type": "function_call",
-            "call_id": str(call_id),
-            "name": str(d.get("name", "")) or "function",
-            "arguments": args if isinstance(args, str) else _json_text(args),
-        }
-        return Item(({"role": "assistant", "content": [call]},), calls=frozenset({str(call_id)}))
-    if kind == "function_call_output":
-        output = d.get("output")
-        content = output if isinstance(output, str) else [_part(p) for p in output or []]  # text and images
-        return Item(
-            ({"role": "tool", "tool_call_id": str(call_id), "content": content},), results=frozenset({str(call_id)})
-        )
-    if kind == "reasoning":
-        texts = [str(s.get("text", "")) for s in (d.get("summary") or []) if isinstance(s, Mapping)]
-        texts += [str(c.get("text", "")) for c in (d.get("content") or []) if isinstance(c, Mapping)]
-        return Item(({"role": "assistant", "content": [{"type": "text", "text": "\n".join(texts)}]},))
-    # hosted and custom tool calls and their outputs (computer, shell, apply_patch, custom, mcp ...),
-    # item references, compaction items: their content as JSON text; paired by call_id like function calls
-    body = {k: v for k, v in d.items() if k not in _DROPPED_KEYS}
-    text = f"{kind}: {_json_text(body)}"
-    calls: frozenset[str] = frozenset()
-    results: frozenset[str] = frozenset()
-    if isinstance(kind, str) and isinstance(call_id, str) and call_id:
-        if kind.endswith("_output"):
-            results = frozenset({call_id})
-        elif kind.endswith("_call"):
-            calls = frozenset({call_id})
-    if kind == "mcp_approval_request" and isinstance(d.get("id"), str):
-        calls = frozenset({"approval:" + d["id"]})
-    if kind == "mcp_approval_response" and isinstance(d.get("approval_request_id"), str):
-        results = frozenset({"approval:" + d["approval_request_id"]})
-    speaker = "tool" if results else "assistant" if calls or (kind or "").endswith("_call") else "user"
-    if speaker == "tool":
-        return Item(({"role": "tool", "tool_call_id": next(iter(results)), "content": text},), results=results)
-    return Item(({"role": speaker, "content": text},), calls=calls)
-
-
-def _is_pinned(d: Mapping[str, Any]) -> bool:
-    return d.get("type") in (None, "message") and d.get("role") in ("system", "developer")
-
-
-def items_of(items: Sequence[Any]) -> tuple[Item, ...]:
-    """The items of a whole input: leading system/developer messages pinned; a ``reasoning`` item
-    bound to the item after it (the Responses API refuses a call sent without its reasoning)."""
-    out: list[Item] = []
-    leading = True
-    for i, raw in enumerate(items):
-        d = _as_dict(raw)
-        it = input_item(d)
-        leading = leading and _is_pinned(d)
-        if leading:
-            it = Item(it.messages, it.calls, it.results, pinned=True)
-        if i > 0 and _as_dict(items[i - 1]).get("type") == "reasoning":
-            it = Item(it.messages, it.calls, it.results | {f"~reasoning:{i - 1}"}, it.pinned)
-        if d.get("type") == "reasoning" and i + 1 < len(items):
-            it = Item(it.messages, it.calls | {f"~reasoning:{i}"}, it.results, it.pinned)
-        out.append(it)
-    return tuple(out)
-
-
-def _tool(t: Any) -> dict[str, Any]:
-    if isinstance(t, Handoff):
-        return {"name": t.tool_name, "description": t.tool_description or "", "parameters": t.input_json_schema or {}}
-    name = str(getattr(t, "name", "") or type(t).__name__)
-    schema = getattr(t, "params_json_schema", None)
-    if isinstance(schema, Mapping):  # FunctionTool
-        return {"name": name, "description": str(getattr(t, "description", "") or ""), "parameters": dict(schema)}
-    # hosted tools (web search, file search, computer, shell ...): their configuration as the description
-    config = getattr(t, "tool_config", None) or {
-        k: v for k, v in getattr(t, "__dict__", {}).items() if not k.startswith("_")
-    }
-    return {"name": name, "description": _json_text(config), "parameters": {}}
-
-
-def _system(instructions: str | None, output_schema: str | None = None) -> list[dict[str, Any]] | None:
-    parts = [{"type": "text", "text": instructions}] if instructions else []
-    if output_schema:
-        parts.append({"type": "text", "text": output_schema})
-    return parts or None
-
-
-def view_of(
-    items: Sequence[Any],
-    instructions: str | None = None,
-    tools: Sequence[Any] = (),
-    *,
-    revision: int = 1,
-    output_schema: str | None = None,
-) -> View:
-    """The complete request the SDK is about to send, as a :class:`View`."""
-    return View(
-        system=_system(instructions, output_schema),
-        items=items_of(items),
-        tools=tuple(_tool(t) for t in tools),
-        revision=revision,
-    )
-
-
-def to_request(items: Sequence[Any], instructions: str | None = None, tools: Sequence[Any] = ()) -> dict[str, Any]:
-    """The complete request (tracker shape): input items, instructions and the SDK's tools / handoffs."""
-    return view_of(items, instructions, tools).request()
-
-
-def summary_input_item(text: str) -> dict[str, Any]:
-    """The input item a summary becomes (it maps to :func:`~tracker.integrations._compaction.summary_item`)."""
-    return {"role": "user", "content": SUMMARY_PREFIX + text}
-
-
-def _transcript(items: Sequence[Any]) -> str:
-    lines = []
-    for raw in items:
-        for d in input_item(raw).messages:
-            content = d.get("content")
-            text = content if isinstance(content, str) else _json_text(content)
-            lines.append(f"{d['role']}: {text}")
-    return "\n".join(lines)
-
 
 # -- the tracker, sync or async ----------------------------------------------------------------
 
@@ -277,34 +113,21 @@ class _OnLoop:
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
+    # (the arguments are passed on as given: the async tracker checks them as the sync one would)
     def observe(self, session_id: str, **kw: Any) -> Any:
         return self._run(self._inner.observe(session_id, **kw))
 
     def request_compaction(self, session_id: str, **kw: Any) -> Any:
         return self._run(self._inner.request_compaction(session_id, **kw))
 
-    def commit(
-        self,
-        session_id: str,
-        attempt_id: str,
-        fencing_token: int,
-        tokens_after: int,
-        idempotency_key: str | None = None,
-    ) -> Any:
-        return self._run(self._inner.commit(session_id, attempt_id, fencing_token, tokens_after, idempotency_key))
+    def commit(self, session_id: str, *args: Any, **kw: Any) -> Any:
+        return self._run(self._inner.commit(session_id, *args, **kw))
 
-    def reject(
-        self,
-        session_id: str,
-        attempt_id: str,
-        fencing_token: int,
-        reject_reason: str,
-        idempotency_key: str | None = None,
-    ) -> Any:
-        return self._run(self._inner.reject(session_id, attempt_id, fencing_token, reject_reason, idempotency_key))
+    def reject(self, session_id: str, *args: Any, **kw: Any) -> Any:
+        return self._run(self._inner.reject(session_id, *args, **kw))
 
-    def wait(self, session_id: str, attempt_id: str, timeout: float = 30.0) -> str:
-        return self._run(self._inner.wait(session_id, attempt_id, timeout=timeout))
+    def wait(self, session_id: str, *args: Any, **kw: Any) -> str:
+        return self._run(self._inner.wait(session_id, *args, **kw))
 
     def state(self, session_id: str) -> Any:
         return self._run(self._inner.state(session_id))
@@ -411,13 +234,9 @@ class ContextTrackerFilter:
         session_id: str | None = None,
         summarizer: Any = None,
         session: Any = None,
-        keep_last: int = 6,
-        share: SummaryShare | None = None,
-        count_tokens: Callable[[dict[str, Any]], int] | None = None,
-        wait_timeout_s: float = 30.0,
-        models_file: str | os.PathLike[str] | None = None,
         model_provider: Any = None,
         max_sessions: int = 1024,
+        **options: Unpack[GuardOptions],
     ) -> None:
         if session_id is not None and (not isinstance(session_id, str) or not session_id):
             raise InvalidInput("session_id", f"must be a non-empty string, got {session_id!r}")
@@ -429,14 +248,9 @@ class ContextTrackerFilter:
             raise InvalidInput("max_sessions", f"must be a positive integer, got {max_sessions!r}")
         self.tracker = tracker
         self._async = _is_async(tracker)
-        self._guard_args: dict[str, Any] = {
-            "model": model,
-            "keep_last": keep_last,
-            "share": share,
-            "wait_timeout_s": wait_timeout_s,
-        }
-        self._models_file = models_file
-        self._counter = count_tokens
+        self._models_file = options.pop("models_file", None)
+        self._counter = options.pop("count_tokens", None)
+        self._guard_args: dict[str, Any] = {"model": model, **options}
         self._counter_lock = threading.Lock()
         # validates model / keep_last now; an async tracker gets a guard per call, bound to the call's loop
         self.guard = ContextGuard(tracker, count_tokens=self._count, **self._guard_args)
@@ -463,14 +277,12 @@ class ContextTrackerFilter:
         view = view_of(items, instructions, tools, revision=revision, output_schema=schema)
 
         guard = self.guard if not self._async else self._loop_guard(loop)
-        sdk_of = {id(it): raw_item for it, raw_item in zip(view.items, items, strict=True)}
+        # the SDK items of the view being compacted now (it may hold a summary adopted in this call,
+        # which stands for itself: summary_item is summary_input_item's image)
+        spans = Spans(guard, view, items, lambda text: {"role": "user", "content": text})
 
         def summarize(start: int, end: int, budget: int) -> str:
-            # the span of the view being compacted now (it may already hold a summary adopted in this call):
-            # its SDK items, a summary standing for itself (summary_item is summary_input_item's image)
-            now = guard.compacting() or view
-            span = [sdk_of.get(id(it)) or dict(it.messages[0]) for it in now.items[start:end]]
-            return self._summarize(span, budget, agent, loop)
+            return self._summarize(spans(start, end), budget, agent, loop)
 
         items_at = [items]  # the SDK items, with the replacements the call made applied
         out = await asyncio.to_thread(self._settle, guard, session, view, summarize, items_at)
@@ -529,7 +341,7 @@ class ContextTrackerFilter:
         summarizer = self.summarizer
         if summarizer is None or isinstance(summarizer, Model):
             model = summarizer if summarizer is not None else self._agent_model(agent)
-            prompt = summary_prompt(_transcript(items), budget)
+            prompt = summary_prompt(transcript(items), budget)
             return asyncio.run_coroutine_threadsafe(_ask(model, prompt), loop).result()
         result = summarizer(items, budget)
         if inspect.isawaitable(result):
@@ -567,7 +379,7 @@ def _output_schema(agent: Agent[Any]) -> str | None:
         schema = output if isinstance(output, AgentOutputSchemaBase) else AgentOutputSchema(output)
         if schema.is_plain_text():
             return None
-        return _json_text(schema.json_schema())
+        return json_text(schema.json_schema())
     return None
 
 
@@ -669,7 +481,7 @@ class ContextTrackerHooks(RunHooks[Any]):
         settled = _recall(session, d)
         if settled is not None:
             basis: str | None = settled.basis
-        elif not any(SUMMARY_PREFIX in _json_text(m.get("content")) for it in items for m in it.messages):
+        elif not any(SUMMARY_PREFIX in json_text(m.get("content")) for it in items for m in it.messages):
             basis = View(system=None, items=items).basis()
         else:
             basis = None  # a compacted history this process did not settle: its revision is unknown here

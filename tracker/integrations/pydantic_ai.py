@@ -31,9 +31,8 @@ import asyncio
 import base64
 import inspect
 import json
-import os
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from collections.abc import Awaitable, Sequence
+from typing import Any, Unpack
 
 from pydantic_ai import RunContext
 from pydantic_ai.capabilities import AbstractCapability
@@ -56,9 +55,11 @@ from tracker.integrations._compaction import (
     MARKER,
     SUMMARY_PREFIX,
     ContextGuard,
+    GuardOptions,
     Item,
-    SummaryShare,
+    Spans,
     View,
+    marked_revision,
     summary_prompt,
 )
 from tracker.protocol import TrackerProtocol
@@ -164,11 +165,7 @@ def _tool(t: Any) -> dict[str, Any]:
 
 def revision_of(messages: Sequence[ModelMessage]) -> int:
     """The history's revision: the one written on its newest summary message, else 1."""
-    for m in reversed(messages):
-        mark = (getattr(m, "metadata", None) or {}).get(MARKER)
-        if isinstance(mark, dict) and isinstance(mark.get("revision"), int):
-            return mark["revision"]
-    return 1
+    return marked_revision(getattr(m, "metadata", None) for m in messages)
 
 
 def view_of(messages: Sequence[ModelMessage], instructions: Sequence[str] = (), tools: Sequence[Any] = ()) -> View:
@@ -213,7 +210,7 @@ class ContextTrackerCapability(AbstractCapability[Any]):
     ``tracker``: an embedded ``Tracker`` or a ``TrackerClient``; ``model``: the tracker's
     registry name of the agent's model. ``summarizer``: a callable ``(messages, budget_tokens)
     -> str`` (sync or async) or a pydantic-ai ``Agent``; default the run's own model.
-    ``keep_last``, ``share``, ``count_tokens``: as for :class:`~tracker.integrations._compaction.ContextGuard`.
+    ``keep_last``, ``share``, ``count_tokens``, ``wait_timeout_s``, ``models_file``: as for :class:`~tracker.integrations._compaction.ContextGuard`.
     """
 
     def __init__(
@@ -223,21 +220,9 @@ class ContextTrackerCapability(AbstractCapability[Any]):
         model: str,
         summarizer: Any = None,
         session_id: str | None = None,
-        keep_last: int = 6,
-        share: SummaryShare | None = None,
-        count_tokens: Callable[[dict[str, Any]], int] | None = None,
-        wait_timeout_s: float = 30.0,
-        models_file: str | os.PathLike[str] | None = None,
+        **options: Unpack[GuardOptions],
     ) -> None:
-        self.guard = ContextGuard(
-            tracker,
-            model=model,
-            keep_last=keep_last,
-            count_tokens=count_tokens,
-            share=share,
-            wait_timeout_s=wait_timeout_s,
-            models_file=models_file,
-        )
+        self.guard = ContextGuard(tracker, model=model, **options)
         self.summarizer = summarizer
         self.session_id = session_id
 
@@ -279,9 +264,10 @@ class ContextTrackerCapability(AbstractCapability[Any]):
         loop = asyncio.get_running_loop()
         session = self._session(ctx)
         view = view_of(messages, instructions, tools)
+        spans = Spans(self.guard, view, messages, lambda text: ModelRequest(parts=[UserPromptPart(text)]))
 
         def summarize(start: int, end: int, budget: int) -> str:
-            return self._summarize(messages[start:end], budget, model, loop)
+            return self._summarize(spans(start, end), budget, model, loop)
 
         out = await asyncio.to_thread(self.guard.before_call, session, view, summarize)  # the tracker's calls block
         if not out.replacements:
