@@ -49,7 +49,18 @@ def test_the_typescript_client_suite_passes():
         assert ci.returncode == 0, f"npm ci failed:\n{ci.stdout[-3000:]}\n{ci.stderr[-3000:]}"
     run = subprocess.run([npm, "test"], cwd=PACKAGE, env=env, capture_output=True, text=True, timeout=900)
     output = run.stdout + run.stderr
-    assert run.returncode == 0, f"npm test failed:\n{output[-6000:]}"
+    assert run.returncode == 0, f"npm test failed:\n{_failures(output)}\n...\n{output[-2000:]}"
     counts = dict(re.findall(r"^# (tests|pass|fail) (\d+)$", run.stdout, flags=re.MULTILINE))
     assert int(counts.get("tests", 0)) > 0 and counts.get("fail") == "0", output[-3000:]
     assert counts["pass"] == counts["tests"], output[-3000:]
+
+
+def _failures(output: str) -> str:
+    """Each failed (sub)test of the TAP output with the lines that explain it (the whole output is long)."""
+    lines = output.splitlines()
+    picked = [
+        "\n".join(lines[i : i + 25])
+        for i, line in enumerate(lines)
+        if line.lstrip().startswith("not ok") and "# SKIP" not in line
+    ]
+    return "\n---\n".join(picked)[-8000:] or output[-6000:]
