@@ -872,7 +872,7 @@ class PgReplication:
                 "\n# ct-pgrepl\n"
                 f"listen_addresses = '{LOOPBACK}'\n"
                 f"unix_socket_directories = '{self.dir}'\n"
-                "fsync = off\nsynchronous_commit = off\nfull_page_writes = off\n"
+                "fsync = off\nfull_page_writes = off\n"
                 "shared_buffers = 16MB\nmax_connections = 80\n"
                 "wal_level = replica\nmax_wal_senders = 4\nhot_standby = on\nhot_standby_feedback = on\n"
                 "wal_receiver_status_interval = 1s\n"
@@ -938,8 +938,10 @@ class PgReplication:
         return "streaming" in states and bool(self.sql("SELECT pg_is_in_recovery()", replica=True)[0][0])
 
     def lag_bytes(self) -> int:
-        """WAL the primary has written that the standby has not replayed yet."""
-        (primary,) = self.sql("SELECT pg_current_wal_lsn()::text")[0]
+        """WAL the primary has flushed (every acknowledged commit: ``synchronous_commit`` is on) that the
+        standby has not replayed yet. (Not the insert position: a trailing record on a partly filled page
+        may wait many seconds on an idle server before it is flushed and streamed.)"""
+        (primary,) = self.sql("SELECT pg_current_wal_flush_lsn()::text")[0]
         (replayed,) = self.sql("SELECT coalesce(pg_last_wal_replay_lsn(), '0/0')::text", replica=True)[0]
         return max(0, _lsn(primary) - _lsn(replayed))
 
