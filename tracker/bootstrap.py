@@ -14,6 +14,12 @@ The event store's database serves three ports, always on one engine built here: 
 session page) and the ``FleetStore`` (tenants and keys). No caller reaches for the engine:
 ``build_views(store)`` / ``build_fleets(store)`` give the other two for a store built here, and
 ``check_store_schema(store)`` checks its schema (``/readyz``).
+
+The read side may read a streaming replica instead (``TRACKER_READ_DATABASE_URL``):
+``build_read_store`` opens the event store there, read-only (``build_read_storage``: with its
+views and fleets, for the CLI's read commands), and ``build_lag_probe(primary, read)`` measures
+how far it is behind. The ``Tracker`` (every write and every decision's re-read) always uses
+``build_store``, the primary.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from tracker.hooks import TrackerHooks
     from tracker.store.base import EventStore, Projector
     from tracker.store.fleets import FleetStore
+    from tracker.store.replica import LagProbe
     from tracker.store.sql import SqlEventStore
     from tracker.store.views import SqlSessionViews
 
@@ -56,6 +63,48 @@ def build_store(
     return open_store(
         settings.database_url, projector=projector, check_schema=check_schema, pooler=settings.database_pooler
     )
+
+
+READ_ONLY_OPTION = "-c default_transaction_read_only=on"
+
+
+def read_only_url(url: str, pooler: str = "none") -> str:
+    """``url`` for the read side: on PostgreSQL reached directly, every transaction read-only
+    (libpq ``options``), so a read URL pointed at the primary by mistake cannot write either.
+    Behind a transaction pooler (which refuses the ``options`` startup parameter) and on other
+    databases the URL is left as it is: a hot standby refuses writes by itself."""
+    from sqlalchemy.engine import make_url
+
+    if not url.startswith("postgresql") or pooler != "none":
+        return url
+    u = make_url(url)
+    options = u.query.get("options")
+    existing = " ".join(options) if isinstance(options, tuple) else (options or "")
+    if READ_ONLY_OPTION in existing:
+        return url
+    merged = f"{existing} {READ_ONLY_OPTION}".strip()
+    return u.update_query_dict({"options": merged}).render_as_string(hide_password=False)
+
+
+def build_read_store(
+    settings: StoreSettings, *, projector: Projector | None = None, check_schema: bool = True
+) -> SqlEventStore:
+    """The read side's event store: at ``TRACKER_READ_DATABASE_URL``, read-only, when it is set
+    (a streaming replica; its schema is the primary's, replicated); else ``build_store``."""
+    if settings.read_database_url is None:
+        return build_store(settings, projector=projector, check_schema=check_schema)
+    from tracker.store import open_store
+
+    url = read_only_url(settings.read_database_url, settings.database_pooler)
+    return open_store(url, projector=projector, check_schema=check_schema, pooler=settings.database_pooler)
+
+
+def build_lag_probe(primary: EventStore, read: EventStore) -> LagProbe:
+    """How far the database of ``read`` is behind that of ``primary`` (0 for the same store)."""
+    from tracker.store.replica import LagProbe
+
+    primary_engine = _sql(primary, "the primary").engine
+    return LagProbe(primary_engine, primary_engine if read is primary else _sql(read, "the read side").engine)
 
 
 def _sql(store: EventStore, what: str) -> SqlEventStore:
@@ -108,6 +157,15 @@ class Storage:
 def build_storage(settings: StoreSettings, *, projector: Projector | None = None, check_schema: bool = True) -> Storage:
     """``build_store`` and, on the same engine, the views and the fleets (the CLI, the bench)."""
     store = build_store(settings, projector=projector, check_schema=check_schema)
+    return Storage(store=store, views=build_views(store), fleets=build_fleets(store))
+
+
+def build_read_storage(
+    settings: StoreSettings, *, projector: Projector | None = None, check_schema: bool = True
+) -> Storage:
+    """``build_read_store`` and, on its engine, the views and the fleets: the CLI's read commands
+    (on the replica when ``TRACKER_READ_DATABASE_URL`` is set, else the same as ``build_storage``)."""
+    store = build_read_store(settings, projector=projector, check_schema=check_schema)
     return Storage(store=store, views=build_views(store), fleets=build_fleets(store))
 
 

@@ -4,7 +4,8 @@ This module is the only place in the project that reads ``TRACKER_*``. A process
 calls :meth:`Settings.load` once at start and passes the typed sections down:
 
     Settings
-    ├── store          StoreSettings          TRACKER_DATABASE_URL, TRACKER_DATABASE_POOLER
+    ├── store          StoreSettings          TRACKER_DATABASE_URL, TRACKER_DATABASE_POOLER,
+    │                                         TRACKER_READ_DATABASE_URL, TRACKER_READ_MAX_LAG_S
     ├── coordination   CoordinationSettings   TRACKER_REDIS_URL, TRACKER_LOCK_TTL_S
     ├── counting       CountingSettings       TRACKER_BROKER_URL, TRACKER_RESULT_BACKEND, TRACKER_COUNT_QUEUE,
     │                                         TRACKER_MODELS_FILE
@@ -227,8 +228,24 @@ class StoreSettings(Section):
         "no server-side prepared statements",
     )
 
+    read_database_url: str | None = Field(
+        None,
+        description="the read side (history, sessions listing, replay, export, the event feed, the console) on a "
+        "streaming replica of the database, opened read-only; writes and decisions never read it (none: the "
+        "reads go to TRACKER_DATABASE_URL)",
+    )
+    read_max_lag_s: float = Field(
+        30.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="`/readyz` answers 503 while the replica of TRACKER_READ_DATABASE_URL is more than this many "
+        "seconds behind",
+    )
+
     def model_post_init(self, _: Any) -> None:
         object.__setattr__(self, "database_url", normalize_database_url(self.database_url))
+        if self.read_database_url is not None:
+            object.__setattr__(self, "read_database_url", normalize_database_url(self.read_database_url))
 
 
 class CoordinationSettings(Section):

@@ -1288,3 +1288,188 @@ def observe_rate(url: str, replicas: Replicas, *, procs: int = 12, duration_s: f
             if w.is_alive():  # pragma: no cover
                 w.kill()
     return round(sum(done) / duration_s, 1)
+
+
+# -- PostgreSQL streaming replication -----------------------------------------------------------------
+
+
+def postgres_bin() -> Path | None:
+    """The directory of the machine's PostgreSQL server programs (``initdb``, ``pg_ctl``, ``postgres``),
+    the newest version under /usr/lib/postgresql (Debian), else the one ``pg_config --bindir`` names."""
+    candidates = sorted(Path("/usr/lib/postgresql").glob("*/bin"), key=lambda p: _version_key(p.parent.name))
+    for bindir in reversed(candidates):
+        if all((bindir / p).exists() for p in ("initdb", "pg_ctl", "postgres", "pg_basebackup")):
+            return bindir
+    if shutil.which("pg_config"):
+        out = subprocess.run(["pg_config", "--bindir"], capture_output=True, text=True, check=False).stdout.strip()
+        if out and all(Path(out, p).exists() for p in ("initdb", "pg_ctl", "postgres", "pg_basebackup")):
+            return Path(out)
+    return None
+
+
+def _version_key(name: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in name.split(".") if p.isdigit())
+
+
+def _lsn(text: str) -> int:
+    hi, _, lo = text.partition("/")
+    return (int(hi, 16) << 32) | int(lo, 16)
+
+
+class PgReplication:
+    """A PostgreSQL primary of its own and a hot standby streaming from it, on free loopback ports.
+
+    The primary is a fresh cluster (``initdb --auth=trust``, ``fsync = off``) in a temporary
+    directory, never the shared server; the standby is made from it with
+    ``pg_basebackup -R -X stream`` and streams from it. Both log every statement
+    (``log_statement = all``, the application name in each line) to ``primary.log`` and
+    ``replica.log``, so a test can show which server a statement went to. As root the programs
+    run as the ``postgres`` user (``initdb`` refuses root). ``wait_caught_up()`` waits until the
+    standby has replayed all the WAL the primary has written.
+    """
+
+    def __init__(self, *, user: str = "postgres") -> None:
+        bindir = postgres_bin()
+        if bindir is None:
+            raise RuntimeError("no PostgreSQL server programs (initdb, pg_ctl, pg_basebackup) on this machine")
+        self.bin = bindir
+        self.user = user
+        self.dir = Path(tempfile.mkdtemp(prefix="ct-pgrepl-"))
+        self.primary_dir, self.replica_dir = self.dir / "primary", self.dir / "replica"
+        self.primary_port, self.replica_port = _free_port_pair()
+        self.started: list[Path] = []
+
+    # -- URLs ---------------------------------------------------------------------------------------
+
+    def libpq(self, database: str = "postgres", *, replica: bool = False) -> str:
+        port = self.replica_port if replica else self.primary_port
+        return f"postgresql://{self.user}@{LOOPBACK}:{port}/{database}"
+
+    def url(self, database: str = "postgres", *, replica: bool = False) -> str:
+        """A SQLAlchemy URL (psycopg 3) of ``database`` on the primary or on the standby."""
+        return "postgresql+psycopg" + self.libpq(database, replica=replica)[len("postgresql") :]
+
+    # -- life cycle ---------------------------------------------------------------------------------
+
+    def __enter__(self) -> PgReplication:
+        try:
+            self.start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _run(self, program: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        argv = [str(self.bin / program), *args]
+        if os.geteuid() == 0:
+            argv = ["runuser", "-u", self.user, "--", *argv]
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{program} {' '.join(args)} failed ({proc.returncode}): {proc.stderr[-2000:]}")
+        return proc
+
+    def start(self) -> None:
+        if os.geteuid() == 0:
+            import pwd
+
+            pw = pwd.getpwnam(self.user)
+            os.chown(self.dir, pw.pw_uid, pw.pw_gid)
+        self._run("initdb", "-D", str(self.primary_dir), "--auth=trust", "-U", self.user, "--no-sync", "-E", "UTF8")
+        with open(self.primary_dir / "postgresql.conf", "a") as conf:  # copied to the standby by the base backup
+            conf.write(
+                "\n# ct-pgrepl\n"
+                f"listen_addresses = '{LOOPBACK}'\n"
+                f"unix_socket_directories = '{self.dir}'\n"
+                "fsync = off\nfull_page_writes = off\n"
+                "shared_buffers = 16MB\nmax_connections = 80\n"
+                "wal_level = replica\nmax_wal_senders = 4\nhot_standby = on\nhot_standby_feedback = on\n"
+                "wal_receiver_status_interval = 1s\n"
+                "log_statement = 'all'\nlog_line_prefix = '%m [%p] %a: '\n"
+            )
+        self._pg_ctl_start(self.primary_dir, self.primary_port, "primary.log")
+        self._run(
+            "pg_basebackup",
+            "-h",
+            LOOPBACK,
+            "-p",
+            str(self.primary_port),
+            "-U",
+            self.user,
+            "-D",
+            str(self.replica_dir),
+            "-R",
+            "-X",
+            "stream",
+            "--no-sync",
+        )
+        self._pg_ctl_start(self.replica_dir, self.replica_port, "replica.log")
+        wait_for(self.streaming, 30, "the standby to stream from the primary")
+
+    def _pg_ctl_start(self, datadir: Path, port: int, log: str) -> None:
+        self._run(
+            "pg_ctl", "start", "-w", "-t", "60", "-D", str(datadir), "-l", str(self.dir / log), "-o", f"-p {port}"
+        )
+        if datadir not in self.started:
+            self.started.append(datadir)
+
+    def _pg_ctl_stop(self, datadir: Path, mode: str = "fast") -> None:
+        if (datadir / "postmaster.pid").exists():
+            self._run("pg_ctl", "stop", "-w", "-t", "60", "-m", mode, "-D", str(datadir))
+
+    def stop_replica(self, mode: str = "immediate") -> None:
+        self._pg_ctl_stop(self.replica_dir, mode)
+
+    def start_replica(self) -> None:
+        self._pg_ctl_start(self.replica_dir, self.replica_port, "replica.log")
+        wait_for(self.streaming, 30, "the standby to stream again")
+
+    def close(self) -> None:
+        for datadir in reversed(self.started):
+            try:
+                self._pg_ctl_stop(datadir, "immediate")
+            except (RuntimeError, subprocess.TimeoutExpired):  # pragma: no cover - a server already gone
+                pass
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    # -- looking at it ------------------------------------------------------------------------------
+
+    def sql(self, statement: str, *params: Any, replica: bool = False, database: str = "postgres") -> list[tuple]:
+        import psycopg
+
+        with psycopg.connect(self.libpq(database, replica=replica), autocommit=True, connect_timeout=5) as conn:
+            cur = conn.execute(statement, params or None)
+            return cur.fetchall() if cur.description else []
+
+    def streaming(self) -> bool:
+        """The primary has a walsender in ``streaming`` state and the standby is in recovery."""
+        states = [r[0] for r in self.sql("SELECT state FROM pg_stat_replication")]
+        return "streaming" in states and bool(self.sql("SELECT pg_is_in_recovery()", replica=True)[0][0])
+
+    def lag_bytes(self) -> int:
+        """WAL the primary has flushed (every acknowledged commit: ``synchronous_commit`` is on) that the
+        standby has not replayed yet. (Not the insert position: a trailing record on a partly filled page
+        may wait many seconds on an idle server before it is flushed and streamed.)"""
+        (primary,) = self.sql("SELECT pg_current_wal_flush_lsn()::text")[0]
+        (replayed,) = self.sql("SELECT coalesce(pg_last_wal_replay_lsn(), '0/0')::text", replica=True)[0]
+        return max(0, _lsn(primary) - _lsn(replayed))
+
+    def wait_caught_up(self, timeout_s: float = 30) -> None:
+        wait_for(lambda: self.lag_bytes() == 0, timeout_s, "the standby to replay everything")
+
+    def pause_replay(self) -> None:
+        self.sql("SELECT pg_wal_replay_pause()", replica=True)
+
+    def resume_replay(self) -> None:
+        self.sql("SELECT pg_wal_replay_resume()", replica=True)
+
+    def log(self, which: str = "replica") -> str:
+        path = self.dir / f"{which}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def create_database(self, name: str) -> None:
+        """``CREATE DATABASE`` on the primary, then wait until the standby has it."""
+        self.sql(f'CREATE DATABASE "{name}"')
+        self.wait_caught_up()

@@ -81,25 +81,26 @@ def require_database_file(url: str) -> None:
         raise SchemaOutOfDate(f"no database at {path}; run `tracker db upgrade`", database=str(path))
 
 
-def open_storage(as_json: bool = False) -> Storage:
+def open_storage(as_json: bool = False, *, read: bool = False) -> Storage:
     """The event store of this process's settings with its views and fleets (one engine), the
-    schema checked (else a clear error and exit 2)."""
-    from tracker.bootstrap import build_storage
+    schema checked (else a clear error and exit 2). ``read``: the read side's (the replica of
+    ``TRACKER_READ_DATABASE_URL`` when set)."""
+    from tracker.bootstrap import build_read_storage, build_storage
     from tracker.core import SessionProjector
 
     s = settings()
     try:
-        require_database_file(s.store.database_url)
-        return build_storage(s.store, projector=SessionProjector())
+        require_database_file((s.store.read_database_url if read else None) or s.store.database_url)
+        return (build_read_storage if read else build_storage)(s.store, projector=SessionProjector())
     except TrackerError as exc:
         fail(exc, as_json)
 
 
 @contextmanager
-def storage_open(as_json: bool = False) -> Iterator[Storage]:
+def storage_open(as_json: bool = False, *, read: bool = False) -> Iterator[Storage]:
     """``with storage_open(as_json) as db:`` -- ``db.store``, ``db.views``, ``db.fleets``; closed at
-    the end; a typed error is printed and exits 2."""
-    db = open_storage(as_json)
+    the end; a typed error is printed and exits 2. ``read``: on the read side (``open_storage``)."""
+    db = open_storage(as_json, read=read)
     try:
         yield db
     except TrackerError as exc:

@@ -1,4 +1,8 @@
-"""Session commands: observe, sessions, history, replay, export, verify."""
+"""Session commands: observe, sessions, history, replay, export, verify.
+
+The read commands (sessions, history, replay, export) read the read side: the replica of
+``TRACKER_READ_DATABASE_URL`` when it is set. ``observe`` writes and ``verify`` reads the primary.
+"""
 
 from __future__ import annotations
 
@@ -172,7 +176,7 @@ def sessions(
     except TrackerError as exc:
         fail(exc, as_json)
     active_since = parse_since(since, as_json) if since else None
-    with storage_open(as_json) as db:
+    with storage_open(as_json, read=True) as db:
         scope = _scope(db.fleets, fleet, as_json)
         if as_json:  # one JSON array, written as the rows come (constant memory at any --limit)
             stream_json_array(
@@ -274,7 +278,7 @@ def history(
     from tracker import queries
     from tracker.audit.format import event_summary
 
-    with storage_open(as_json) as db:
+    with storage_open(as_json, read=True) as db:
         store = db.store
         scope = _scope(db.fleets, fleet, as_json)
         version = _require_session(db, session_id, as_json, scope)
@@ -315,7 +319,7 @@ def replay(
     """Rebuild a session's state event by event; with policy flags, what-if on the recorded measurements."""
     from tracker import queries
 
-    with storage_open(as_json) as db:
+    with storage_open(as_json, read=True) as db:
         store = db.store
         scope = _scope(db.fleets, fleet, as_json)
         version = _require_session(db, session_id, as_json, scope)
@@ -456,7 +460,7 @@ def export(
     """All events as JSON lines in global commit order; resumable with --since (--fleet: one fleet's)."""
     from tracker import queries
 
-    with storage_open(as_json) as db:
+    with storage_open(as_json, read=True) as db:
         store = db.store
         scope = _scope(db.fleets, fleet, as_json)
         if scope.prefix:

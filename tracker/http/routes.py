@@ -2,7 +2,9 @@
 
 Commands go through the Tracker (``runtime.commands()``, which also counts what they
 decided), each in one trip to the thread pool, and answer their JSON already serialized;
-reads go through the read side (:mod:`tracker.queries`). Every ``/v1`` route takes the
+reads go through the read side (:mod:`tracker.queries`), on the read replica when one is set
+(``TRACKER_READ_DATABASE_URL``): the listing, history and feed; the session's state is read
+from the primary. Every ``/v1`` route takes the
 caller's fleet (:func:`caller_of`, set by ``AuthMiddleware``) and maps session ids in and
 out of it.
 
@@ -16,7 +18,7 @@ out of it.
     GET  /v1/sessions/{session_id}/history                          its events (?from_version=&limit=)
     GET  /v1/events                                                 the fleet's events in global commit order (?after=&limit=)
     GET  /healthz                                                   the process is up
-    GET  /readyz                                                    database reachable + schema current (+ Redis if configured)
+    GET  /readyz                                                    database reachable + schema current (+ Redis, + the read replica's lag, if configured)
     GET  /metrics                                                   Prometheus metrics
 """
 
@@ -203,7 +205,8 @@ def list_sessions(
 def session_state(request: Request, session_id: str = SessionPath) -> dict[str, Any]:
     """The session's state: the fold of its log (pressure, revision, open attempts, last measurement)."""
     runtime, caller = runtime_of(request), caller_of(request)
-    state = queries.session_state(runtime.store(), caller.internal(session_id))
+    # the primary, never the read replica: agents build their next basis on this state (read their writes)
+    state = queries.session_state(runtime.tracker().store, caller.internal(session_id))
     if state.version == 0:
         raise UnknownSession(f"no session {session_id}", session_id=session_id)
     return _state_out(caller, state)

@@ -6,6 +6,13 @@ What the commands decide is counted by the Tracker's own metrics hook (``tracker
 on this app's registry), as for any library call; the routes issue commands through
 :class:`Commands` and never count a decision themselves. The HTTP metrics (requests, latency,
 error codes) are counted here and in the middleware.
+
+With ``TRACKER_READ_DATABASE_URL`` the read side -- ``store()`` and ``views()``: history, the
+sessions listing, the event feed, the console -- reads a streaming replica; the Tracker (every
+command, ``wait``'s re-reads, the session state the agents build their next basis on) and the
+fleets (API keys) stay on the primary, and so do the fleet gauges (``tracker_store_up`` is the
+primary's). ``/readyz`` reports the replica's lag and answers 503 above ``TRACKER_READ_MAX_LAG_S``;
+``tracker_read_replica_lag_seconds`` / ``_bytes`` / ``tracker_read_replica_up`` show it on ``/metrics``.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from tracker.service import Result, Tracker
     from tracker.store.base import EventStore, SessionViews
     from tracker.store.fleets import FleetStore
+    from tracker.store.replica import LagProbe, ReplicaLag
 
 log = logging.getLogger("tracker.http")
 
@@ -72,11 +80,14 @@ class Metrics:
         )
 
         self.gauges: FleetGauges | None = None
+        self.replica: ReplicaGauges | None = None
 
     def watch(self, runtime: Runtime) -> None:
-        """Serve the fleet gauges of ``runtime``'s store (read at scrape time)."""
+        """Serve the fleet gauges of ``runtime``'s store and its read side's lag (read at scrape time)."""
         self.gauges = FleetGauges(runtime)
         self.registry.register(self.gauges)
+        self.replica = ReplicaGauges(runtime)
+        self.registry.register(self.replica)
 
     def render(self) -> tuple[bytes, str]:
         from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -89,6 +100,8 @@ class Metrics:
             multiprocess.MultiProcessCollector(registry, path=path)
             if self.gauges is not None:  # read from the store by the process that answers: not summed
                 registry.register(self.gauges)
+            if self.replica is not None:
+                registry.register(self.replica)
             return generate_latest(registry), CONTENT_TYPE_LATEST
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
@@ -121,7 +134,7 @@ class FleetGauges:
                 return self._cached[1]
             try:
                 fleets = {f["fleet_id"]: f["name"] for f in self._runtime.fleets().list_fleets()}
-                data: dict[str, Any] | None = fleet_gauges(self._runtime.views(), fleets, time.time())
+                data: dict[str, Any] | None = fleet_gauges(self._runtime.primary_views(), fleets, time.time())
             except Exception:  # noqa: BLE001 - any failure to read means the store is not up
                 data = None
             self._cached = (now, data)
@@ -152,6 +165,59 @@ class FleetGauges:
             oldest.add_metric([fleet], age)
         yield opened
         yield oldest
+
+
+class ReplicaGauges:
+    """The read side's lag, measured at scrape time (at most every ``GAUGES_TTL_S``).
+
+    ``tracker_read_replica_up`` (1 when the read side's database answered the probe),
+    ``tracker_read_replica_lag_seconds`` and ``tracker_read_replica_lag_bytes`` (see
+    ``tracker.store.replica``; 0 when the read side reads the primary itself, without
+    ``TRACKER_READ_DATABASE_URL``; absent while the replica does not answer or the lag is not known yet).
+    """
+
+    def __init__(self, runtime: Runtime) -> None:
+        self._runtime = runtime
+        self._lock = threading.Lock()
+        self._cached: tuple[float, ReplicaLag | None] | None = None
+
+    def describe(self) -> list[Any]:
+        return []  # collected on demand only: registering must not read the store
+
+    def read(self) -> ReplicaLag | None:
+        import time
+
+        with self._lock:
+            now = time.monotonic()
+            if self._cached is not None and now - self._cached[0] < GAUGES_TTL_S:
+                return self._cached[1]
+            try:
+                lag: ReplicaLag | None = self._runtime.replica_lag()
+            except Exception:  # noqa: BLE001 - any failure to measure means the replica is not up
+                lag = None
+            self._cached = (now, lag)
+            return lag
+
+    def collect(self) -> Any:
+        from prometheus_client.core import GaugeMetricFamily
+
+        lag = self.read()
+        yield GaugeMetricFamily(
+            "tracker_read_replica_up",
+            "1 when the read side's database (TRACKER_READ_DATABASE_URL, else the primary) answered the lag probe",
+            0 if lag is None else 1,
+        )
+        if lag is None:
+            return
+        if lag.lag_s is not None:
+            yield GaugeMetricFamily(
+                "tracker_read_replica_lag_seconds",
+                "How far the read side's replica is behind the primary, seconds (0: caught up, or no replica)",
+                lag.lag_s,
+            )
+        yield GaugeMetricFamily(
+            "tracker_read_replica_lag_bytes", "WAL the read side's replica has not replayed yet, bytes", lag.lag_bytes
+        )
 
 
 class Commands:
@@ -209,6 +275,9 @@ class Runtime:
         self._commands: Commands | None = None
         self._fleets: FleetStore | None = None
         self._views: SessionViews | None = None
+        self._primary_views: SessionViews | None = None
+        self._read_store: EventStore | None = None
+        self._lag_probe: LagProbe | None = None
         self._redis: Any = None
         self._lock = threading.Lock()
         self.waits = Waits(self.tracker, settings.api.max_waits_per_fleet, self.metrics.waits_open)
@@ -233,14 +302,26 @@ class Runtime:
         return c
 
     def store(self) -> EventStore:
-        """The event store, for the read side's log reads (``tracker.queries``: history, feed, state)."""
-        return self.tracker().store
+        """The read side's event store, for its log reads (``tracker.queries``: history, feed, the console):
+        on ``TRACKER_READ_DATABASE_URL`` (read-only) when set, else the Tracker's own store."""
+        if self.settings.store.read_database_url is None:
+            return self.tracker().store
+        r = self._read_store
+        if r is None:
+            with self._lock:
+                if self._read_store is None:
+                    from tracker.bootstrap import build_read_store
+                    from tracker.core import SessionProjector
+
+                    self._read_store = build_read_store(self.settings.store, projector=SessionProjector())
+                r = self._read_store
+        return r
 
     def views(self) -> SessionViews:
-        """The read side's views on the Tracker's database: listings, gauges, the session page's reads."""
+        """The read side's views on the database of ``store()``: listings, the session page's reads."""
         v = self._views
         if v is None:
-            store = self.tracker().store
+            store = self.store()
             with self._lock:
                 if self._views is None:
                     from tracker.bootstrap import build_views
@@ -248,6 +329,34 @@ class Runtime:
                     self._views = build_views(store)
                 v = self._views
         return v
+
+    def primary_views(self) -> SessionViews:
+        """Views on the Tracker's database, the primary (the fleet gauges): ``views()`` without a replica."""
+        if self.settings.store.read_database_url is None:
+            return self.views()
+        v = self._primary_views
+        if v is None:
+            store = self.tracker().store
+            with self._lock:
+                if self._primary_views is None:
+                    from tracker.bootstrap import build_views
+
+                    self._primary_views = build_views(store)
+                v = self._primary_views
+        return v
+
+    def replica_lag(self) -> ReplicaLag:
+        """How far the read side's database is behind the primary (0 without a replica); typed errors."""
+        probe = self._lag_probe
+        if probe is None:
+            primary, read = self.tracker().store, self.store()
+            with self._lock:
+                if self._lag_probe is None:
+                    from tracker.bootstrap import build_lag_probe
+
+                    self._lag_probe = build_lag_probe(primary, read)
+                probe = self._lag_probe
+        return probe.measure()
 
     def fleets(self) -> FleetStore:
         """The fleets and their keys on the Tracker's database."""
@@ -291,7 +400,32 @@ class Runtime:
                 checks["redis"] = {"status": "error", "code": "redis_unavailable", "message": "Redis does not answer"}
         else:
             checks["redis"] = {"status": "not_configured"}
+        if self.settings.store.read_database_url is not None:
+            replica_ok, checks["read_replica"] = self._replica_readiness()
+            ready = ready and replica_ok
+        else:
+            checks["read_replica"] = {"status": "not_configured"}
         return ready, checks
+
+    def _replica_readiness(self) -> tuple[bool, dict[str, Any]]:
+        """The replica answers, at the newest schema, at most ``TRACKER_READ_MAX_LAG_S`` behind."""
+        from tracker.bootstrap import check_store_schema
+
+        max_lag = self.settings.store.read_max_lag_s
+        try:
+            check_store_schema(self.store())
+            lag = self.replica_lag()
+        except TrackerError as exc:
+            log.warning("not ready: read replica: %s (%s) %s", exc.message, exc.code, exc.details or "")
+            return False, {"status": "error", **error_body(exc)[1]}
+        check = {"status": "ok", **lag.to_data(), "max_lag_s": max_lag}
+        if lag.lag_s is None or lag.lag_s > max_lag:
+            check["status"] = "lagging"
+            log.warning(
+                "not ready: read replica lags %s s (%d bytes), more than %s s", lag.lag_s, lag.lag_bytes, max_lag
+            )
+            return False, check
+        return True, check
 
     def _redis_client(self) -> Any:
         if self._redis is None:
@@ -307,6 +441,10 @@ class Runtime:
 
     def close(self) -> None:
         self.waits.close()
+        if self._read_store is not None:
+            self._read_store.close()
+            self._read_store = None
+            self._views = None
         if self._owned and self._tracker is not None:
             self._tracker.close()
             self._tracker = None
