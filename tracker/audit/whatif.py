@@ -35,7 +35,7 @@ from tracker.core import (
     decide_measure,
     decide_reject,
 )
-from tracker.core.decide import Outcome
+from tracker.core.outcome import Outcome
 from tracker.core.model import is_int
 from tracker.errors import InvalidInput, TrackerError
 

@@ -116,8 +116,10 @@ class MeasurementRefused(DomainEvent):
 
 
 @dataclass(frozen=True)
-class CompactionStarted(DomainEvent):
-    TYPE: ClassVar[str] = "CompactionStarted"
+class AttemptTerms:
+    """What a compaction attempt is opened on: ``CompactionStarted`` records these fields, and the
+    session state's ``Attempt`` (:mod:`tracker.core.state`) holds them while the attempt is open."""
+
     attempt_id: str
     reason: str  # automatic | manual
     trigger: str  # threshold | hard_limit | growth | manual
@@ -128,6 +130,11 @@ class CompactionStarted(DomainEvent):
     tokens_before: int | None
     input_limit: int | None
     history_budget: int | None
+
+
+@dataclass(frozen=True)
+class CompactionStarted(DomainEvent, AttemptTerms):
+    TYPE: ClassVar[str] = "CompactionStarted"
 
 
 @dataclass(frozen=True)

@@ -8,39 +8,22 @@ cached state can always be checked against ``fold(events)``.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from tracker.core.events import (
-    CompactionCommitted,
-    CompactionRejected,
-    CompactionStarted,
-    ContextLimitReached,
-    ContextMeasured,
-    CountFailed,
-    DomainEvent,
-    MeasurementRefused,
-    SessionStarted,
-    event_from_data,
-)
+from tracker.core import events as ev
 from tracker.core.model import Pressure
 from tracker.core.policy import Policy
 
 RECENT_ATTEMPTS_KEPT = 20
 
+#: the fields of an attempt's terms, in order
+_TERMS = tuple(f.name for f in fields(ev.AttemptTerms))
+
 
 @dataclass(frozen=True)
-class Attempt:
-    attempt_id: str
-    reason: str  # automatic | manual
-    trigger: str
-    basis: str
-    fencing_token: int
-    opened_at: float
-    lease_expires_at: float
-    tokens_before: int | None
-    input_limit: int | None
-    history_budget: int | None
+class Attempt(ev.AttemptTerms):
+    """An open attempt: the terms its ``CompactionStarted`` recorded."""
 
     @property
     def automatic(self) -> bool:
@@ -50,19 +33,8 @@ class Attempt:
         return dict(self.__dict__)
 
     @classmethod
-    def from_started(cls, e: CompactionStarted) -> Attempt:
-        return cls(
-            e.attempt_id,
-            e.reason,
-            e.trigger,
-            e.basis,
-            e.fencing_token,
-            e.opened_at,
-            e.lease_expires_at,
-            e.tokens_before,
-            e.input_limit,
-            e.history_budget,
-        )
+    def from_started(cls, e: ev.CompactionStarted) -> Attempt:
+        return cls(**{name: getattr(e, name) for name in _TERMS})
 
 
 @dataclass(frozen=True)
@@ -192,10 +164,10 @@ def _last_measurement(values: dict[str, Any]) -> LastMeasurement:
     return new
 
 
-def apply(state: SessionState, event: DomainEvent) -> SessionState:
+def apply(state: SessionState, event: ev.DomainEvent) -> SessionState:
     """The one transition function. Pure."""
     base = {"version": state.version + 1, "counts": _bump(state.counts, event.TYPE)}
-    if isinstance(event, ContextMeasured):
+    if isinstance(event, ev.ContextMeasured):
         m = event.measurement
         revision = int(str(m["basis"])[1:].split(":", 1)[0])
         base.update(
@@ -215,9 +187,9 @@ def apply(state: SessionState, event: DomainEvent) -> SessionState:
         )
         return _evolve(state, base)
     s = _evolve(state, base)
-    if isinstance(event, SessionStarted):
+    if isinstance(event, ev.SessionStarted):
         return replace(s, policy=Policy.from_data(event.policy))
-    if isinstance(event, CompactionStarted):
+    if isinstance(event, ev.CompactionStarted):
         attempt = Attempt.from_started(event)
         return replace(
             s,
@@ -225,21 +197,21 @@ def apply(state: SessionState, event: DomainEvent) -> SessionState:
             attempts_opened=s.attempts_opened + 1,
             episode_automatic=s.episode_automatic + (1 if attempt.automatic else 0),
         )
-    if isinstance(event, CompactionCommitted):
+    if isinstance(event, ev.CompactionCommitted):
         s = _close(s, event.attempt_id, "committed")
         # the history changed: a new revision, with nothing exhausted yet
         return replace(s, revision=event.new_revision, exhausted=frozenset())
-    if isinstance(event, CompactionRejected):
+    if isinstance(event, ev.CompactionRejected):
         s = _close(s, event.attempt_id, f"rejected:{event.reject_reason}")
         if event.reason == "automatic" and event.basis.startswith(f"r{s.revision}:"):
             s = replace(s, exhausted=s.exhausted | {event.basis})
         return s
-    if isinstance(event, (CountFailed, MeasurementRefused, ContextLimitReached)):
+    if isinstance(event, (ev.CountFailed, ev.MeasurementRefused, ev.ContextLimitReached)):
         return s
     raise TypeError(f"unknown event {event!r}")
 
 
-def fold(events: Iterable[DomainEvent], session_id: str, state: SessionState | None = None) -> SessionState:
+def fold(events: Iterable[ev.DomainEvent], session_id: str, state: SessionState | None = None) -> SessionState:
     s = state if state is not None else SessionState(session_id=session_id)
     for e in events:
         s = apply(s, e)
@@ -253,12 +225,12 @@ class SessionProjector:
         return SessionState(session_id=session_id).to_data()
 
     def apply(self, state: dict[str, Any], event: Any) -> dict[str, Any]:
-        return apply(SessionState.from_data(state), event_from_data(event.type, event.data)).to_data()
+        return apply(SessionState.from_data(state), ev.event_from_data(event.type, event.data)).to_data()
 
     def apply_many(self, state: dict[str, Any], events: Iterable[Any]) -> dict[str, Any]:
         s = SessionState.from_data(state)
         for e in events:
-            s = apply(s, event_from_data(e.type, e.data))
+            s = apply(s, ev.event_from_data(e.type, e.data))
         return s.to_data()
 
     def columns(self, state: dict[str, Any]) -> dict[str, Any]:
