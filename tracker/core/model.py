@@ -37,6 +37,15 @@ EXACT_QUALITIES: frozenset[str] = frozenset({QUALITY_EXACT_PROVIDER, QUALITY_EXA
 PRESSURES: tuple[Pressure, ...] = ("normal", "compact", "hard_limit")
 ACTIONS: tuple[Action, ...] = ("proceed", "compact", "wait", "context_limit")
 
+
+class Record:
+    """A frozen dataclass of JSON-native scalar fields: its data is its fields, as they are
+    (``dataclasses.asdict`` without the deep copy)."""
+
+    def to_data(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
 _SESSION_ID = re.compile(r"^[A-Za-z0-9._:-]{1,200}$")
 # C0 and C1 control characters (NUL and ESC included) and lone surrogates (not encodable as UTF-8)
 _UNSAFE_TEXT = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")

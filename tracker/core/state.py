@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from tracker.core import events as ev
-from tracker.core.model import Pressure
+from tracker.core.model import Pressure, Record
 from tracker.core.policy import Policy
 
 RECENT_ATTEMPTS_KEPT = 20
@@ -22,15 +22,12 @@ _TERMS = tuple(f.name for f in fields(ev.AttemptTerms))
 
 
 @dataclass(frozen=True)
-class Attempt(ev.AttemptTerms):
+class Attempt(ev.AttemptTerms, Record):
     """An open attempt: the terms its ``CompactionStarted`` recorded."""
 
     @property
     def automatic(self) -> bool:
         return self.reason == "automatic"
-
-    def to_data(self) -> dict[str, Any]:
-        return dict(self.__dict__)
 
     @classmethod
     def from_started(cls, e: ev.CompactionStarted) -> Attempt:
@@ -38,7 +35,7 @@ class Attempt(ev.AttemptTerms):
 
 
 @dataclass(frozen=True)
-class LastMeasurement:
+class LastMeasurement(Record):
     basis: str
     revision: int
     input_tokens: int
@@ -46,9 +43,6 @@ class LastMeasurement:
     occupancy_bp: int
     action: str
     at: float
-
-    def to_data(self) -> dict[str, Any]:
-        return dict(self.__dict__)
 
 
 @dataclass(frozen=True)
