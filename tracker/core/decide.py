@@ -17,11 +17,10 @@ from typing import Any, Literal
 
 from tracker.core import events as ev
 from tracker.core.attempts import begin, decide_commit, decide_manual, decide_reject, expire_leases
-from tracker.core.model import FULL_SCALE_BP, Action, Basis, Measurement, Pressure, Trigger
+from tracker.core.model import FULL_SCALE_BP, Action, Basis, Measurement, Pressure, Trigger, built
 from tracker.core.outcome import (
     Decision,
     Outcome,
-    built,
     context_limit_error,
     outcome,
     stale_basis_error,

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import MISSING, dataclass, fields
 from typing import Any, ClassVar
 
-from tracker.core.model import Action, Pressure, Trigger
+from tracker.core.model import Action, Pressure, Trigger, built
 from tracker.errors import InvalidInput
 
 
@@ -40,9 +40,7 @@ class DomainEvent:
         values = dict(shape.defaults)
         names = shape.names
         values.update({k: v for k, v in data.items() if k in names})
-        new = object.__new__(cls)
-        new.__dict__.update(values)
-        return new
+        return built(cls, values)
 
 
 @dataclass(frozen=True)

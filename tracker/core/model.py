@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from fractions import Fraction
 from functools import lru_cache
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from tracker.errors import ContextLimitUnknown, InvalidInput, InvalidSessionId, MalformedMeasurement
 
@@ -36,6 +36,18 @@ QUALITIES: tuple[Quality, ...] = (QUALITY_EXACT_PROVIDER, QUALITY_EXACT_LOCAL, Q
 EXACT_QUALITIES: frozenset[str] = frozenset({QUALITY_EXACT_PROVIDER, QUALITY_EXACT_LOCAL})
 PRESSURES: tuple[Pressure, ...] = ("normal", "compact", "hard_limit")
 ACTIONS: tuple[Action, ...] = ("proceed", "compact", "wait", "context_limit")
+
+
+_T = TypeVar("_T")
+
+
+def built(cls: type[_T], values: dict[str, Any]) -> _T:
+    """``cls(**values)`` for a frozen dataclass that validates nothing, given every one of its fields:
+    one dict update instead of an ``object.__setattr__`` per field (the hot paths: every decision,
+    every event decoded, every fold)."""
+    new = object.__new__(cls)
+    new.__dict__.update(values)
+    return new
 
 
 class Record:

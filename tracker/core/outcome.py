@@ -9,14 +9,12 @@ raises ``error`` if there is one. An idempotent retry is answered from the recor
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any, TypeVar
+from typing import Any
 
 from tracker.core import events as ev
-from tracker.core.model import Action, Basis, Pressure, Trigger
+from tracker.core.model import Action, Basis, Pressure, Trigger, built
 from tracker.core.state import Attempt, SessionState, fold
 from tracker.errors import ContextLimitError, StaleBasis, SummaryTooLarge, TrackerError
-
-_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -48,8 +46,10 @@ class Decision:
     ) -> Decision:
         """The decision a recorded ``ContextMeasured`` stands for (``basis``: its measurement's, when known)."""
         b = basis if basis is not None else Basis.parse(e.measurement["basis"], 1)
-        values = {name: getattr(e, name) for name in _RECORDED}
-        values.update(basis=str(b), revision=b.revision, attempt=attempt, waiting_on=waiting_on)
+        recorded = e.__dict__
+        values = {name: recorded[name] for name in _RECORDED}
+        values["basis"], values["revision"] = str(b), b.revision
+        values["attempt"], values["waiting_on"] = attempt, waiting_on
         return built(cls, values)
 
     @classmethod
@@ -85,14 +85,6 @@ class Outcome:
 def outcome(state: SessionState, events: list[ev.DomainEvent], **kw: Any) -> Outcome:
     """The ``Outcome`` of recording ``events`` on ``state`` (the new state is folded with ``apply``)."""
     return Outcome(events=tuple(events), state=fold(events, state.session_id, state), **kw)
-
-
-def built(cls: type[_T], values: dict[str, Any]) -> _T:
-    """``cls(**values)`` for a frozen dataclass without validation (``Decision``, ``ContextMeasured``),
-    given every one of its fields: one dict update instead of a ``object.__setattr__`` per field."""
-    new = object.__new__(cls)
-    new.__dict__.update(values)
-    return new
 
 
 # -- the refusals a decision can record (one constructor each; `recorded.py` rebuilds them too) --

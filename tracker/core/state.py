@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from tracker.core import events as ev
-from tracker.core.model import Pressure, Record
+from tracker.core.model import Pressure, Record, built
 from tracker.core.policy import Policy
 
 RECENT_ATTEMPTS_KEPT = 20
@@ -31,7 +31,8 @@ class Attempt(ev.AttemptTerms, Record):
 
     @classmethod
     def from_started(cls, e: ev.CompactionStarted) -> Attempt:
-        return cls(**{name: getattr(e, name) for name in _TERMS})
+        started = e.__dict__
+        return built(cls, {name: started[name] for name in _TERMS})
 
 
 @dataclass(frozen=True)
@@ -151,13 +152,6 @@ def _evolve(state: SessionState, changes: dict[str, Any]) -> SessionState:
     return new
 
 
-def _last_measurement(values: dict[str, Any]) -> LastMeasurement:
-    """``LastMeasurement(**values)`` (every field given; it validates nothing) in one dict update."""
-    new = object.__new__(LastMeasurement)
-    new.__dict__.update(values)
-    return new
-
-
 def apply(state: SessionState, event: ev.DomainEvent) -> SessionState:
     """The one transition function. Pure."""
     base = {"version": state.version + 1, "counts": _bump(state.counts, event.TYPE)}
@@ -167,7 +161,8 @@ def apply(state: SessionState, event: ev.DomainEvent) -> SessionState:
         base.update(
             pressure=event.pressure,
             episode_automatic=episode_after(event.pressure, state.episode_automatic),
-            last=_last_measurement(
+            last=built(
+                LastMeasurement,
                 {
                     "basis": m["basis"],
                     "revision": revision,
@@ -176,7 +171,7 @@ def apply(state: SessionState, event: ev.DomainEvent) -> SessionState:
                     "occupancy_bp": event.occupancy_bp,
                     "action": event.action,
                     "at": event.at,
-                }
+                },
             ),
         )
         return _evolve(state, base)
