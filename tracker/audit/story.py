@@ -155,14 +155,14 @@ def _state_at(store: Any, session_id: str, projection: dict[str, Any], version: 
     return fold(events, session_id)
 
 
+# -- the account ----------------------------------------------------------------------------------
+
+
 NUMBERS = {1: "one", 2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight", 9: "nine"}
 
 
 def _n(count: int) -> str:
     return NUMBERS.get(count, f"{count:,}")
-
-
-# -- the account ----------------------------------------------------------------------------------
 
 
 def _reasons(reasons: Iterable[str | None]) -> str:

@@ -16,15 +16,9 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from tracker.core import events as ev
-from tracker.core.attempts import begin, decide_commit, decide_manual, decide_reject, expire_leases
+from tracker.core.attempts import begin, decide_commit, decide_manual, decide_reject
 from tracker.core.model import FULL_SCALE_BP, Action, Basis, Measurement, Pressure, Trigger, built
-from tracker.core.outcome import (
-    Decision,
-    Outcome,
-    context_limit_error,
-    outcome,
-    stale_basis_error,
-)
+from tracker.core.outcome import Decision, Outcome, context_limit_error, outcome, stale_basis_error
 from tracker.core.policy import Policy
 from tracker.core.state import Attempt, SessionState, episode_after
 from tracker.core.thresholds import (
@@ -52,7 +46,6 @@ __all__ = [
     "decide_measure",
     "decide_reject",
     "eligibility",
-    "expire_leases",
     "outcome",
 ]
 

@@ -19,6 +19,8 @@ from tracker.errors import ContextLimitError, StaleBasis, SummaryTooLarge, Track
 
 @dataclass(frozen=True)
 class Decision:
+    """What one measurement decided: the answer to ``observe``, and what its ``ContextMeasured`` records."""
+
     action: Action
     pressure: Pressure
     pressure_before: Pressure
