@@ -3,8 +3,10 @@
 * :mod:`tracker.audit.format`  ``event_summary`` (one line per event) and ``event_to_dict``
 * :mod:`tracker.audit.replay`  ``replay_states`` (the state after each event), ``whatif_rows``
 * :mod:`tracker.audit.whatif`  ``WhatIf``: a JSON-lines trace through the decision core, no database
-* :mod:`tracker.audit.story`   ``read_story``: everything a session's page shows, through the store's
-  narrow reads (not every event); ``build_story``: the same from one pass over a stream of events
+* :mod:`tracker.audit.builder` ``build_story``: everything a session's page shows, from one pass over a
+  stream of events (``Story`` and the bounded series it keeps)
+* :mod:`tracker.audit.story`   ``read_story``: the same through the store's narrow reads (not every
+  event), and ``account``: how the session ended and why, in plain sentences
 * :mod:`tracker.audit.chart`   ``render_chart``: the timeline as inline SVG
 * :mod:`tracker.audit.pages`   the Jinja templates of the session page (console and static file)
 * :mod:`tracker.audit.report`  ``render_store_html`` / ``render_html``: the session page as one self-contained file

@@ -8,17 +8,7 @@ from __future__ import annotations
 
 import json
 
-from tracker.core import DomainEvent
-from tracker.core.events import (
-    CompactionCommitted,
-    CompactionRejected,
-    CompactionStarted,
-    ContextLimitReached,
-    ContextMeasured,
-    CountFailed,
-    MeasurementRefused,
-    SessionStarted,
-)
+from tracker.core import events as ev
 from tracker.queries import Recorded, Unrecognised, decode, event_to_dict
 from tracker.store import StoredEvent
 
@@ -30,35 +20,35 @@ def event_summary(e: StoredEvent | Recorded) -> str:
     return summary((e if isinstance(e, Recorded) else decode(e)).event)
 
 
-def summary(event: DomainEvent | Unrecognised) -> str:
+def summary(event: ev.DomainEvent | Unrecognised) -> str:
     """The one-line summary of a decoded event."""
     match event:
-        case ContextMeasured(measurement=m):
+        case ev.ContextMeasured(measurement=m):
             return (
                 f"{m['basis']} {m['input_tokens']}/{m['input_limit']} ({event.occupancy_bp} bp) "
                 f"{event.pressure_before}→{event.pressure} → {event.action}"
                 + (f" [{event.trigger}]" if event.trigger else "")
             )
-        case CompactionStarted():
+        case ev.CompactionStarted():
             budget = event.history_budget
             trigger = f" ({event.trigger})" if event.trigger else ""
             return f"{event.reason} attempt {event.attempt_id[:12]} on {event.basis}{trigger}" + (
                 "" if budget is None else f", budget {budget}"
             )
-        case CompactionCommitted():
+        case ev.CompactionCommitted():
             return (
                 f"attempt {event.attempt_id[:12]} committed {event.tokens_before}→{event.tokens_after}, "
                 f"now r{event.new_revision}"
             )
-        case CompactionRejected():
+        case ev.CompactionRejected():
             return f"attempt {event.attempt_id[:12]} rejected: {event.reject_reason}"
-        case CountFailed():
+        case ev.CountFailed():
             return f"{event.kind} for {event.model}: {event.detail}"
-        case ContextLimitReached():
+        case ev.ContextLimitReached():
             return f"{event.input_tokens} tokens ≥ limit {event.input_limit} on {event.basis}"
-        case MeasurementRefused():
+        case ev.MeasurementRefused():
             return f"{event.kind}: {event.basis} (session at r{event.current_revision})"
-        case SessionStarted(policy=p):
+        case ev.SessionStarted(policy=p):
             return (
                 f"policy compact at {p['compact_at_bp']} bp, rearm below {p['rearm_below_bp']} bp, "
                 f"automatic={p['automatic']}"

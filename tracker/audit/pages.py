@@ -15,8 +15,9 @@ from typing import Any
 
 import jinja2
 
+from tracker.audit.builder import Story
 from tracker.audit.chart import COLOURS, LEGEND, render_chart
-from tracker.audit.story import Story, account
+from tracker.audit.story import account
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 

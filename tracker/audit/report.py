@@ -14,8 +14,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from tracker.audit.builder import MAX_MARKERS, MAX_POINTS, MAX_TABLE_ROWS, build_story
 from tracker.audit.pages import render_report
-from tracker.audit.story import MAX_MARKERS, MAX_POINTS, MAX_TABLE_ROWS, build_story, read_story
+from tracker.audit.story import read_story
 from tracker.store import StoredEvent
 from tracker.store.base import SessionViews
 

@@ -3,18 +3,8 @@
 Live decisions, replay and what-if all run this same code.
 """
 
-from tracker.core.decide import (
-    Decision,
-    Outcome,
-    Result,
-    decide_commit,
-    decide_count_failed,
-    decide_manual,
-    decide_measure,
-    decide_reject,
-    expire_leases,
-    outcome,
-)
+from tracker.core.attempts import decide_commit, decide_manual, decide_reject, expire_leases
+from tracker.core.decide import Result, decide_count_failed, decide_measure
 from tracker.core.events import EVENT_TYPES, DomainEvent, event_from_data
 from tracker.core.loopguard import LoopGuardEntry, ReclaimPlan, plan_reclaim
 from tracker.core.model import (
@@ -39,6 +29,7 @@ from tracker.core.model import (
     occupancy_bp,
     resolve_input_limit,
 )
+from tracker.core.outcome import Decision, Outcome, outcome
 from tracker.core.policy import POLICY_DOCS, Policy
 from tracker.core.recorded import recorded_outcome
 from tracker.core.state import Attempt, SessionProjector, SessionState, apply, fold

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import MISSING, dataclass, fields
 from typing import Any, ClassVar
 
-from tracker.core.model import Action, Pressure, Trigger
+from tracker.core.model import Action, Pressure, Trigger, built
 from tracker.errors import InvalidInput
 
 
@@ -40,9 +40,7 @@ class DomainEvent:
         values = dict(shape.defaults)
         names = shape.names
         values.update({k: v for k, v in data.items() if k in names})
-        new = object.__new__(cls)
-        new.__dict__.update(values)
-        return new
+        return built(cls, values)
 
 
 @dataclass(frozen=True)
@@ -116,8 +114,10 @@ class MeasurementRefused(DomainEvent):
 
 
 @dataclass(frozen=True)
-class CompactionStarted(DomainEvent):
-    TYPE: ClassVar[str] = "CompactionStarted"
+class AttemptTerms:
+    """What a compaction attempt is opened on: ``CompactionStarted`` records these fields, and the
+    session state's ``Attempt`` (:mod:`tracker.core.state`) holds them while the attempt is open."""
+
     attempt_id: str
     reason: str  # automatic | manual
     trigger: str  # threshold | hard_limit | growth | manual
@@ -128,6 +128,11 @@ class CompactionStarted(DomainEvent):
     tokens_before: int | None
     input_limit: int | None
     history_budget: int | None
+
+
+@dataclass(frozen=True)
+class CompactionStarted(DomainEvent, AttemptTerms):
+    TYPE: ClassVar[str] = "CompactionStarted"
 
 
 @dataclass(frozen=True)

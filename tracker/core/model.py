@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from fractions import Fraction
 from functools import lru_cache
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from tracker.errors import ContextLimitUnknown, InvalidInput, InvalidSessionId, MalformedMeasurement
 
@@ -36,6 +36,27 @@ QUALITIES: tuple[Quality, ...] = (QUALITY_EXACT_PROVIDER, QUALITY_EXACT_LOCAL, Q
 EXACT_QUALITIES: frozenset[str] = frozenset({QUALITY_EXACT_PROVIDER, QUALITY_EXACT_LOCAL})
 PRESSURES: tuple[Pressure, ...] = ("normal", "compact", "hard_limit")
 ACTIONS: tuple[Action, ...] = ("proceed", "compact", "wait", "context_limit")
+
+
+_T = TypeVar("_T")
+
+
+def built(cls: type[_T], values: dict[str, Any]) -> _T:
+    """``cls(**values)`` for a frozen dataclass that validates nothing, given every one of its fields:
+    one dict update instead of an ``object.__setattr__`` per field (the hot paths: every decision,
+    every event decoded, every fold)."""
+    new = object.__new__(cls)
+    new.__dict__.update(values)
+    return new
+
+
+class Record:
+    """A frozen dataclass of JSON-native scalar fields: its data is its fields, as they are
+    (``dataclasses.asdict`` without the deep copy)."""
+
+    def to_data(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
 
 _SESSION_ID = re.compile(r"^[A-Za-z0-9._:-]{1,200}$")
 # C0 and C1 control characters (NUL and ESC included) and lone surrogates (not encodable as UTF-8)

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from tracker.core.model import EXACT_QUALITIES, FULL_SCALE_BP, QUALITIES, finite_number, is_int
+from tracker.core.model import EXACT_QUALITIES, FULL_SCALE_BP, QUALITIES, Record, finite_number, is_int
 from tracker.errors import InvalidPolicy
 
 COUNTER_POLICIES = ("allow_conservative", "require_exact")
@@ -27,7 +27,7 @@ POLICY_DOCS: dict[str, str] = {
 
 
 @dataclass(frozen=True)
-class Policy:
+class Policy(Record):
     automatic: bool = True
     compact_at_bp: int = 8000
     rearm_below_bp: int = 6000
@@ -86,9 +86,6 @@ class Policy:
         if self.counter_policy == "require_exact":
             return quality in EXACT_QUALITIES
         return quality in QUALITIES
-
-    def to_data(self) -> dict[str, Any]:
-        return dict(self.__dict__)  # scalar fields only: the same as dataclasses.asdict, faster
 
     @classmethod
     def from_data(cls, data: Mapping[str, Any] | None) -> Policy:

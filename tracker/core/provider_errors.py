@@ -106,13 +106,6 @@ def _num(text: str) -> int | None:
 _Builder = Callable[["re.Match[str]"], ParsedRejection | None]
 
 
-def _anthropic_sized(m: re.Match[str]) -> ParsedRejection | None:
-    n, limit = _num(m[1]), _num(m[2])
-    if n is None or limit is None or n <= limit:
-        return None
-    return ParsedRejection("anthropic", "anthropic.prompt_too_long", n, limit)
-
-
 def _anthropic_with_output(m: re.Match[str]) -> ParsedRejection | None:
     n, out, limit = _num(m[1]), _num(m[2]), _num(m[3])
     if n is None or out is None or limit is None or n + out <= limit:
@@ -121,17 +114,35 @@ def _anthropic_with_output(m: re.Match[str]) -> ParsedRejection | None:
 
 
 def _unsized(provider: str, form: str) -> _Builder:
+    """A wording that states no numbers."""
+
     def build(m: re.Match[str]) -> ParsedRejection | None:
         return ParsedRejection(provider, form)
 
     return build
 
 
-def _openai_messages(m: re.Match[str]) -> ParsedRejection | None:
-    limit, n = _num(m[1]), _num(m[2])
-    if n is None or limit is None or n <= limit:
-        return None
-    return ParsedRejection("openai", "openai.messages", n, limit)
+def _sized(provider: str, form: str, *, count: int = 1, limit: int = 2) -> _Builder:
+    """A wording that states the input count (group ``count``) and the limit (group ``limit``):
+    trusted only when the count exceeds the limit."""
+
+    def build(m: re.Match[str]) -> ParsedRejection | None:
+        n, max_ = _num(m[count]), _num(m[limit])
+        if n is None or max_ is None or n <= max_:
+            return None
+        return ParsedRejection(provider, form, n, max_)
+
+    return build
+
+
+def _limit_only(provider: str, form: str) -> _Builder:
+    """A wording that states the limit (group 1) and no count this parser trusts."""
+
+    def build(m: re.Match[str]) -> ParsedRejection | None:
+        limit = _num(m[1])
+        return None if limit is None else ParsedRejection(provider, form, None, limit)
+
+    return build
 
 
 def _openai_breakdown(m: re.Match[str]) -> ParsedRejection | None:
@@ -152,46 +163,14 @@ def _openai_prompt_breakdown(m: re.Match[str]) -> ParsedRejection | None:
     return ParsedRejection("openai", "openai.prompt_breakdown", n, limit, out, limit_includes_output=True)
 
 
-def _openai_configured(m: re.Match[str]) -> ParsedRejection | None:
-    limit, n = _num(m[1]), _num(m[2])
-    if n is None or limit is None or n <= limit:
-        return None
-    return ParsedRejection("openai", "openai.configured_limit", n, limit)
-
-
-def _openai_limit_only(m: re.Match[str]) -> ParsedRejection | None:
-    limit = _num(m[1])
-    if limit is None:
-        return None
-    return ParsedRejection("openai", "openai.limit_only", None, limit)
-
-
-def _gemini_count(m: re.Match[str]) -> ParsedRejection | None:
-    n, limit = _num(m[1]), _num(m[2])
-    if n is None or limit is None or n <= limit:
-        return None
-    return ParsedRejection("gemini", "gemini.input_token_count", n, limit)
-
-
-def _gemini_limit_only(m: re.Match[str]) -> ParsedRejection | None:
-    limit = _num(m[1])
-    if limit is None:
-        return None
-    return ParsedRejection("gemini", "gemini.limit_only", None, limit)
-
-
-def _gemini_supports(m: re.Match[str]) -> ParsedRejection | None:
-    n, limit = _num(m[1]), _num(m[2])
-    if n is None or limit is None or n <= limit:
-        return None
-    return ParsedRejection("gemini", "gemini.supports_up_to", n, limit)
-
-
 _MAX_CTX = rf"maximum{_S}context{_S}length{_S}is{_S}{_N}{_S}tokens"
 
 # most specific first; the first form whose pattern matches and whose numbers hold wins
 _FORMS: tuple[tuple[re.Pattern[str], _Builder], ...] = (
-    (re.compile(rf"prompt{_S}is{_S}too{_S}long:{_O}{_N}{_S}tokens{_O}>{_O}{_N}{_S}maximum", _FLAGS), _anthropic_sized),
+    (
+        re.compile(rf"prompt{_S}is{_S}too{_S}long:{_O}{_N}{_S}tokens{_O}>{_O}{_N}{_S}maximum", _FLAGS),
+        _sized("anthropic", "anthropic.prompt_too_long"),
+    ),
     (
         re.compile(
             rf"input{_S}length{_S}and{_S}`?max_tokens`?{_S}exceed{_S}context{_S}limit:{_O}{_N}{_O}\+{_O}{_N}{_O}>{_O}{_N}",
@@ -217,7 +196,7 @@ _FORMS: tuple[tuple[re.Pattern[str], _Builder], ...] = (
     ),
     (
         re.compile(rf"{_MAX_CTX}\.{_S}However,{_S}your{_S}messages{_S}resulted{_S}in{_S}{_N}{_S}tokens", _FLAGS),
-        _openai_messages,
+        _sized("openai", "openai.messages", count=2, limit=1),
     ),
     (
         re.compile(
@@ -225,7 +204,7 @@ _FORMS: tuple[tuple[re.Pattern[str], _Builder], ...] = (
             rf"your{_S}messages{_S}resulted{_S}in{_S}{_N}{_S}tokens",
             _FLAGS,
         ),
-        _openai_configured,
+        _sized("openai", "openai.configured_limit", count=2, limit=1),
     ),
     (
         re.compile(
@@ -233,14 +212,14 @@ _FORMS: tuple[tuple[re.Pattern[str], _Builder], ...] = (
             rf"tokens{_S}allowed{_O}\({_O}{_N}{_O}\)",
             _FLAGS,
         ),
-        _gemini_count,
+        _sized("gemini", "gemini.input_token_count"),
     ),
     (
         re.compile(
             rf"the{_S}input{_S}token{_S}count{_S}is{_S}{_N}{_S}but{_S}(?:the{_S})?model{_S}only{_S}supports{_S}up{_S}to{_S}{_N}",
             _FLAGS,
         ),
-        _gemini_supports,
+        _sized("gemini", "gemini.supports_up_to"),
     ),
     (
         re.compile(
@@ -248,9 +227,9 @@ _FORMS: tuple[tuple[re.Pattern[str], _Builder], ...] = (
             rf"{_O}\(?{_O}{_N}",
             _FLAGS,
         ),
-        _gemini_limit_only,
+        _limit_only("gemini", "gemini.limit_only"),
     ),
-    (re.compile(_MAX_CTX, _FLAGS), _openai_limit_only),
+    (re.compile(_MAX_CTX, _FLAGS), _limit_only("openai", "openai.limit_only")),
     (
         re.compile(rf"your{_S}input{_S}exceeds{_S}the{_S}context{_S}window{_S}of{_S}this{_S}model", _FLAGS),
         _unsized("openai", "openai.context_window"),

@@ -8,65 +8,35 @@ cached state can always be checked against ``fold(events)``.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from tracker.core.events import (
-    CompactionCommitted,
-    CompactionRejected,
-    CompactionStarted,
-    ContextLimitReached,
-    ContextMeasured,
-    CountFailed,
-    DomainEvent,
-    MeasurementRefused,
-    SessionStarted,
-    event_from_data,
-)
-from tracker.core.model import Pressure
+from tracker.core import events as ev
+from tracker.core.model import Pressure, Record, built
 from tracker.core.policy import Policy
 
 RECENT_ATTEMPTS_KEPT = 20
 
+#: the fields of an attempt's terms, in order
+_TERMS = tuple(f.name for f in fields(ev.AttemptTerms))
+
 
 @dataclass(frozen=True)
-class Attempt:
-    attempt_id: str
-    reason: str  # automatic | manual
-    trigger: str
-    basis: str
-    fencing_token: int
-    opened_at: float
-    lease_expires_at: float
-    tokens_before: int | None
-    input_limit: int | None
-    history_budget: int | None
+class Attempt(ev.AttemptTerms, Record):
+    """An open attempt: the terms its ``CompactionStarted`` recorded."""
 
     @property
     def automatic(self) -> bool:
         return self.reason == "automatic"
 
-    def to_data(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
     @classmethod
-    def from_started(cls, e: CompactionStarted) -> Attempt:
-        return cls(
-            e.attempt_id,
-            e.reason,
-            e.trigger,
-            e.basis,
-            e.fencing_token,
-            e.opened_at,
-            e.lease_expires_at,
-            e.tokens_before,
-            e.input_limit,
-            e.history_budget,
-        )
+    def from_started(cls, e: ev.CompactionStarted) -> Attempt:
+        started = e.__dict__
+        return built(cls, {name: started[name] for name in _TERMS})
 
 
 @dataclass(frozen=True)
-class LastMeasurement:
+class LastMeasurement(Record):
     basis: str
     revision: int
     input_tokens: int
@@ -74,9 +44,6 @@ class LastMeasurement:
     occupancy_bp: int
     action: str
     at: float
-
-    def to_data(self) -> dict[str, Any]:
-        return dict(self.__dict__)
 
 
 @dataclass(frozen=True)
@@ -185,23 +152,17 @@ def _evolve(state: SessionState, changes: dict[str, Any]) -> SessionState:
     return new
 
 
-def _last_measurement(values: dict[str, Any]) -> LastMeasurement:
-    """``LastMeasurement(**values)`` (every field given; it validates nothing) in one dict update."""
-    new = object.__new__(LastMeasurement)
-    new.__dict__.update(values)
-    return new
-
-
-def apply(state: SessionState, event: DomainEvent) -> SessionState:
+def apply(state: SessionState, event: ev.DomainEvent) -> SessionState:
     """The one transition function. Pure."""
     base = {"version": state.version + 1, "counts": _bump(state.counts, event.TYPE)}
-    if isinstance(event, ContextMeasured):
+    if isinstance(event, ev.ContextMeasured):
         m = event.measurement
         revision = int(str(m["basis"])[1:].split(":", 1)[0])
         base.update(
             pressure=event.pressure,
             episode_automatic=episode_after(event.pressure, state.episode_automatic),
-            last=_last_measurement(
+            last=built(
+                LastMeasurement,
                 {
                     "basis": m["basis"],
                     "revision": revision,
@@ -210,14 +171,14 @@ def apply(state: SessionState, event: DomainEvent) -> SessionState:
                     "occupancy_bp": event.occupancy_bp,
                     "action": event.action,
                     "at": event.at,
-                }
+                },
             ),
         )
         return _evolve(state, base)
     s = _evolve(state, base)
-    if isinstance(event, SessionStarted):
+    if isinstance(event, ev.SessionStarted):
         return replace(s, policy=Policy.from_data(event.policy))
-    if isinstance(event, CompactionStarted):
+    if isinstance(event, ev.CompactionStarted):
         attempt = Attempt.from_started(event)
         return replace(
             s,
@@ -225,21 +186,21 @@ def apply(state: SessionState, event: DomainEvent) -> SessionState:
             attempts_opened=s.attempts_opened + 1,
             episode_automatic=s.episode_automatic + (1 if attempt.automatic else 0),
         )
-    if isinstance(event, CompactionCommitted):
+    if isinstance(event, ev.CompactionCommitted):
         s = _close(s, event.attempt_id, "committed")
         # the history changed: a new revision, with nothing exhausted yet
         return replace(s, revision=event.new_revision, exhausted=frozenset())
-    if isinstance(event, CompactionRejected):
+    if isinstance(event, ev.CompactionRejected):
         s = _close(s, event.attempt_id, f"rejected:{event.reject_reason}")
         if event.reason == "automatic" and event.basis.startswith(f"r{s.revision}:"):
             s = replace(s, exhausted=s.exhausted | {event.basis})
         return s
-    if isinstance(event, (CountFailed, MeasurementRefused, ContextLimitReached)):
+    if isinstance(event, (ev.CountFailed, ev.MeasurementRefused, ev.ContextLimitReached)):
         return s
     raise TypeError(f"unknown event {event!r}")
 
 
-def fold(events: Iterable[DomainEvent], session_id: str, state: SessionState | None = None) -> SessionState:
+def fold(events: Iterable[ev.DomainEvent], session_id: str, state: SessionState | None = None) -> SessionState:
     s = state if state is not None else SessionState(session_id=session_id)
     for e in events:
         s = apply(s, e)
@@ -253,12 +214,12 @@ class SessionProjector:
         return SessionState(session_id=session_id).to_data()
 
     def apply(self, state: dict[str, Any], event: Any) -> dict[str, Any]:
-        return apply(SessionState.from_data(state), event_from_data(event.type, event.data)).to_data()
+        return apply(SessionState.from_data(state), ev.event_from_data(event.type, event.data)).to_data()
 
     def apply_many(self, state: dict[str, Any], events: Iterable[Any]) -> dict[str, Any]:
         s = SessionState.from_data(state)
         for e in events:
-            s = apply(s, event_from_data(e.type, e.data))
+            s = apply(s, ev.event_from_data(e.type, e.data))
         return s.to_data()
 
     def columns(self, state: dict[str, Any]) -> dict[str, Any]:

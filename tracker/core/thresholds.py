@@ -140,3 +140,12 @@ def history_budget(available: int, overhead: int, threshold_bp: int, base_bp: in
     """behaviour.md "Thresholds".5: max(0, floor((available - overhead) * 0.95 * clamp(C / base, 0, 1)))."""
     scale = min(max(Fraction(threshold_bp, base_bp), Fraction(0)), Fraction(1))
     return max(0, math.floor((available - overhead) * Fraction(HISTORY_SAFETY_FACTOR_PCT, 100) * scale))
+
+
+def check_overhead(value: Any) -> int:
+    """The per-request ``overhead_tokens`` input the history budget subtracts: 0 when not given."""
+    if value is None:
+        return 0
+    if not is_int(value) or value < 0:
+        raise InvalidInput("overhead_tokens", f"must be an integer >= 0, got {value!r}")
+    return value

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from tracker.core.model import QUALITY_EXACT_LOCAL, QUALITY_EXACT_PROVIDER, QUALITY_HEURISTIC
+from tracker.core.model import QUALITY_EXACT_LOCAL, QUALITY_EXACT_PROVIDER, QUALITY_HEURISTIC, Record
 
 __all__ = [
     "QUALITY_EXACT_LOCAL",  # the core's names, re-exported for counters
@@ -78,21 +78,13 @@ class ModelSpec:
 
 
 @dataclass(frozen=True)
-class CountResult:
+class CountResult(Record):
     """What a counter reports. Validated into a core ``Measurement`` by ``validate_count``."""
 
     input_tokens: int
     model: str
     quality: str
     fingerprint: str
-
-    def to_data(self) -> dict[str, Any]:
-        return {
-            "input_tokens": self.input_tokens,
-            "model": self.model,
-            "quality": self.quality,
-            "fingerprint": self.fingerprint,
-        }
 
 
 @runtime_checkable

@@ -17,10 +17,11 @@ from typing import Any
 
 from tracker import queries
 from tracker._lru import LRU
+from tracker.audit.builder import Attempt, Story, build_story
 from tracker.audit.format import summary
 from tracker.audit.pages import session_context
 from tracker.audit.replay import whatif_rows
-from tracker.audit.story import Attempt, Story, build_story, read_story
+from tracker.audit.story import read_story
 from tracker.core import EVENT_TYPES as CORE_EVENT_TYPES
 from tracker.core import PRESSURES, Policy, check_session_id
 from tracker.core.events import (
