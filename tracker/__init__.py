@@ -10,9 +10,10 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
-from tracker.core.decide import Decision, Result
+from tracker.core.decide import Result
 from tracker.core.loopguard import LoopGuardEntry, ReclaimPlan, plan_reclaim
 from tracker.core.model import Basis, Measurement, ModelRef
+from tracker.core.outcome import Decision
 from tracker.core.policy import Policy
 from tracker.core.state import Attempt, SessionState
 from tracker.errors import (

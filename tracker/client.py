@@ -34,8 +34,9 @@ from urllib.parse import quote
 
 import httpx
 
-from tracker.core.decide import Decision, Result
+from tracker.core.decide import Result
 from tracker.core.model import Measurement
+from tracker.core.outcome import Decision
 from tracker.core.state import Attempt, SessionState
 from tracker.errors import CountTimeout, InvalidInput, StoreUnavailable, TrackerError, WaitTimeout, error_from_dict
 from tracker.protocol import CompactionOptions, ObserveOptions, unexpected

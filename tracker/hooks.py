@@ -31,7 +31,7 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
-    from tracker.core.decide import Outcome
+    from tracker.core.outcome import Outcome
 
 log = logging.getLogger("tracker.hooks")
 

@@ -27,7 +27,7 @@ from tracker.errors import SummaryTooLarge
 from tracker.hooks import TrackerHooks
 
 if TYPE_CHECKING:  # pragma: no cover
-    from tracker.core.decide import Outcome
+    from tracker.core.outcome import Outcome
 
 OCCUPANCY_BUCKETS = (1000, 2000, 3000, 4000, 5000, 6000, 7000, 8000, 9000, 9500, 10000)
 

@@ -53,8 +53,8 @@ from tracker.core import (
     expire_leases,
 )
 from tracker.core.decide import Result
-from tracker.core.decide import outcome as outcome_of
 from tracker.core.events import CompactionCommitted, CompactionRejected, ContextMeasured
+from tracker.core.outcome import outcome as outcome_of
 from tracker.core.recorded import recorded_outcome, succeeded
 from tracker.core.state import fold
 from tracker.core.thresholds import resolve_threshold

@@ -41,7 +41,7 @@ from tracker.errors import TrackerError
 from tracker.hooks import TrackerHooks
 
 if TYPE_CHECKING:  # pragma: no cover
-    from tracker.core.decide import Outcome
+    from tracker.core.outcome import Outcome
 
 log = logging.getLogger("tracker")
 op_log = logging.getLogger("tracker.service")  # one line per command, when logging or tracing is on
