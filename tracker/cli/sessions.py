@@ -227,17 +227,18 @@ def stream_json_array(rows: Iterable[dict[str, Any]]) -> None:
     out.flush()
 
 
-def _require_session(db: Storage, session_id: str, as_json: bool, scope: SessionScope | None = None) -> int:
-    """The session's version, for a session id that is valid and exists (else a clear error and exit 2).
+def _require_session(db: Storage, session_id: str, fleet: str | None, as_json: bool) -> tuple[SessionScope, int]:
+    """The scope of ``--fleet`` and the session's version, for a session id that is valid and exists
+    (else a clear error and exit 2).
 
     Without ``--fleet``, an unknown id that a fleet's agents use over HTTP gets a hint: ``--fleet NAME``.
     """
     from tracker import queries
     from tracker.errors import UnknownSession
 
-    scope = scope or SessionScope()
+    scope = _scope(db.fleets, fleet, as_json)
     try:
-        return queries.require_session(db.store, scope.internal(session_id), name=session_id)
+        return scope, queries.require_session(db.store, scope.internal(session_id), name=session_id)
     except UnknownSession as unknown:
         fleets = [] if scope.prefix else _fleets_with(db, session_id)
         if not fleets:
@@ -276,8 +277,7 @@ def history(
 
     with storage_open(as_json) as db:
         store = db.store
-        scope = _scope(db.fleets, fleet, as_json)
-        version = _require_session(db, session_id, as_json, scope)
+        scope, version = _require_session(db, session_id, fleet, as_json)
         events = queries.read_history(store, scope.internal(session_id), from_version)
         if as_json:
             external = scope.external if scope.prefix else None
@@ -317,8 +317,7 @@ def replay(
 
     with storage_open(as_json) as db:
         store = db.store
-        scope = _scope(db.fleets, fleet, as_json)
-        version = _require_session(db, session_id, as_json, scope)
+        scope, version = _require_session(db, session_id, fleet, as_json)
         stream = version > TABLE_MAX_ROWS
         events = queries.read_history(store, scope.internal(session_id), 1, at)
         if html_file is not None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import bisect
 import json
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -27,13 +27,13 @@ from tracker.store import validate
 from tracker.store.base import (
     DEFAULT_MAX_EVENT_BYTES,
     AppendResult,
-    NewEvent,
     Projector,
     StoredEvent,
     conflict_error,
     fold_events,
     row_columns,
 )
+from tracker.store.common import CheckedAppend, LogStore
 
 __all__ = ["MemoryEventStore"]
 
@@ -77,7 +77,7 @@ class _Row:
     updated_at: datetime
 
 
-class MemoryEventStore:
+class MemoryEventStore(LogStore):
     """``EventStore`` in memory. Thread-safe (one lock); one instance is one database."""
 
     def __init__(self, *, projector: Projector | None = None, max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES):
@@ -97,28 +97,10 @@ class MemoryEventStore:
     def close(self) -> None:
         """Nothing to release (the log goes with the object)."""
 
-    def __enter__(self) -> MemoryEventStore:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     # -- append ----------------------------------------------------------------------------------
 
-    def append(
-        self,
-        session_id: str,
-        expected_version: int,
-        events: Sequence[NewEvent],
-        *,
-        idempotency_key: str | None = None,
-        projected: dict[str, Any] | None = None,
-    ) -> AppendResult:
-        """Append ``events`` at ``expected_version`` (``EventStore.append``)."""
-        types, texts, datas = validate.check_append(
-            session_id, expected_version, events, idempotency_key, self.max_event_bytes
-        )
-        sid, expected, key = session_id, expected_version, idempotency_key
+    def _append(self, append: CheckedAppend) -> AppendResult:
+        sid, expected, key, types = append.session_id, append.expected, append.key, append.types
         with self._lock:
             if key is not None and (sid, key) in self._keys:
                 return self._replay(sid, self._keys[(sid, key)])
@@ -138,7 +120,7 @@ class MemoryEventStore:
                     sid,
                     expected + 1 + i,
                     types[i],
-                    texts[i],
+                    append.texts[i],
                     recorded_at,
                     key if i == 0 else None,
                     len(types) if i == 0 else None,
@@ -150,13 +132,10 @@ class MemoryEventStore:
             cols: tuple[Any, ...] = (None, None, None, 0)
             proj = self.projector
             if proj is not None:
-                if projected is not None:
-                    state = projected
+                if append.projected is not None:
+                    state = append.projected
                 else:
-                    stored = [
-                        StoredEvent(e.position, sid, e.version, e.type, datas[i], recorded_at, e.idempotency_key)
-                        for i, e in enumerate(new)
-                    ]
+                    stored = append.stored(positions, recorded_at)
                     state = fold_events(proj, self._state_at(proj, sid, expected), stored)
                 state_json = validate.dumps(state)
                 cols = row_columns(proj, state)
@@ -250,17 +229,6 @@ class MemoryEventStore:
                     return None, row.version
                 return self.fold_stream(session_id, row.version)[0], row.version
             return json.loads(row.state_json), row.version
-
-    def fold_stream(
-        self, session_id: str, to_version: int | None = None, projector: Projector | None = None
-    ) -> tuple[dict[str, Any], int]:
-        """The session's state folded from the log alone (default: the store's projector), and its version."""
-        proj = projector or self.projector
-        if proj is None:
-            raise InvalidInput("projector", "folding needs a projector")
-        events = list(self.read_stream(session_id, 1, to_version))
-        state = fold_events(proj, proj.initial(session_id), events)
-        return state, events[-1].version if events else 0
 
     # -- verification reads ----------------------------------------------------------------------
 
