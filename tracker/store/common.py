@@ -9,14 +9,14 @@ store writes a checked append (``CheckedAppend``) its own way (``_append``).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Self
 
 from tracker.errors import InvalidInput
 from tracker.store import validate
-from tracker.store.base import AppendResult, NewEvent, Projector, StoredEvent, fold_events
+from tracker.store.base import AppendResult, NewEvent, Projector, StoredEvent, fold_events, row_columns
 
 __all__ = ["FOLD_BATCH", "CheckedAppend", "LogStore"]
 
@@ -46,6 +46,17 @@ class CheckedAppend:
             )
             for i, pos in enumerate(positions)
         ]
+
+    def projection(
+        self, proj: Projector, base: Callable[[], dict[str, Any]], positions: Sequence[int], recorded_at: datetime
+    ) -> tuple[dict[str, Any], str, tuple[Any, Any, Any, int]]:
+        """The session's projection after this append -- ``projected`` when the caller gave it, else
+        ``base()`` (the state at ``expected``) folded with these events -- with its JSON and listing columns."""
+        if self.projected is not None:
+            state = self.projected
+        else:
+            state = fold_events(proj, base(), self.stored(positions, recorded_at))
+        return state, validate.dumps(state), row_columns(proj, state)
 
 
 class LogStore(ABC):

@@ -24,15 +24,7 @@ from typing import Any
 
 from tracker.errors import InvalidInput
 from tracker.store import validate
-from tracker.store.base import (
-    DEFAULT_MAX_EVENT_BYTES,
-    AppendResult,
-    Projector,
-    StoredEvent,
-    conflict_error,
-    fold_events,
-    row_columns,
-)
+from tracker.store.base import DEFAULT_MAX_EVENT_BYTES, AppendResult, Projector, StoredEvent, conflict_error
 from tracker.store.common import CheckedAppend, LogStore
 
 __all__ = ["MemoryEventStore"]
@@ -132,13 +124,9 @@ class MemoryEventStore(LogStore):
             cols: tuple[Any, ...] = (None, None, None, 0)
             proj = self.projector
             if proj is not None:
-                if append.projected is not None:
-                    state = append.projected
-                else:
-                    stored = append.stored(positions, recorded_at)
-                    state = fold_events(proj, self._state_at(proj, sid, expected), stored)
-                state_json = validate.dumps(state)
-                cols = row_columns(proj, state)
+                state, state_json, cols = append.projection(
+                    proj, lambda: self._state_at(proj, sid, expected), positions, recorded_at
+                )
             if self.before_commit is not None:
                 self.before_commit(sid, positions)
             # publish: nothing above wrote anything

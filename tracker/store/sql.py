@@ -65,15 +65,7 @@ from sqlalchemy.sql import Select
 from tracker._lru import LRU
 from tracker.errors import ConcurrencyConflict, StoreError
 from tracker.store import validate
-from tracker.store.base import (
-    DEFAULT_MAX_EVENT_BYTES,
-    AppendResult,
-    Projector,
-    StoredEvent,
-    conflict_error,
-    fold_events,
-    row_columns,
-)
+from tracker.store.base import DEFAULT_MAX_EVENT_BYTES, AppendResult, Projector, StoredEvent, conflict_error
 from tracker.store.common import CheckedAppend, LogStore
 from tracker.store.errors import map_db_errors, run_core
 from tracker.store.postgres import Appended, PgFastPath, Replayed, Stale
@@ -215,9 +207,9 @@ class SqlEventStore(LogStore):
         if proj is not None:
             # The state after the append, folded before the one-statement call: the
             # projector reads only the events' type, data and version (see ``Projector``).
-            if projected is not None:
-                state = projected
-            else:
+            cached_json: str | None = None
+            row: tuple[int, str | None] | None = None
+            if projected is None:
                 cached_json = self._cache_get(sid, expected)
                 if cached_json is None:
                     row = pg.projection_state(sid)
@@ -225,13 +217,11 @@ class SqlEventStore(LogStore):
                         if key is not None or row is None:
                             return self._resolve_conflict(sid, expected, key)  # (a replay, perhaps)
                         return self._settle(sid, expected, Stale(row[0], row[1]), None)
-                    base = self._base_state(proj, sid, expected, None, row)
-                else:
-                    base = json.loads(cached_json)
-                positions = (0,) * len(append.types)  # not known yet; a projector does not read them
-                state = fold_events(proj, base, append.stored(positions, _NOT_YET))
-            state_json = validate.dumps(state)
-            put = (state_json, *row_columns(proj, state))
+            positions = (0,) * len(append.types)  # not known yet; a projector does not read them
+            state, state_json, cols = append.projection(
+                proj, lambda: self._base_state(proj, sid, expected, cached_json, row), positions, _NOT_YET
+            )
+            put = (state_json, *cols)
         out = pg.append(
             sid,
             expected,
@@ -244,7 +234,7 @@ class SqlEventStore(LogStore):
         return self._settle(sid, expected, out, (state, state_json))
 
     def _append_sqlite(self, backend: SqliteBackend, append: CheckedAppend) -> AppendResult:
-        sid, expected, key, projected = append.session_id, append.expected, append.key, append.projected
+        sid, expected, key = append.session_id, append.expected, append.key
         proj = self.projector
         folded: list[tuple[dict[str, Any] | None, str | None]] = [(None, None)]
 
@@ -254,14 +244,14 @@ class SqlEventStore(LogStore):
             # under the write lock, the events inserted: the row is the one at ``expected``
             if proj is None:
                 return None
-            if projected is not None:
-                state = projected
-            else:
-                base = self._base_state(proj, sid, expected, self._cache_get(sid, expected), row)
-                state = fold_events(proj, base, append.stored(positions, recorded_at))
-            state_json = validate.dumps(state)
+            state, state_json, cols = append.projection(
+                proj,
+                lambda: self._base_state(proj, sid, expected, self._cache_get(sid, expected), row),
+                positions,
+                recorded_at,
+            )
             folded[0] = (state, state_json)
-            return (state_json, *row_columns(proj, state))
+            return (state_json, *cols)
 
         out = backend.append(sid, expected, append.types, append.datas, key, project, before_commit=self.before_commit)
         return self._settle(sid, expected, out, folded[0])
