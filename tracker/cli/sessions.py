@@ -5,7 +5,8 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -174,26 +175,17 @@ def sessions(
     active_since = parse_since(since, as_json) if since else None
     with storage_open(as_json) as db:
         scope = _scope(db.fleets, fleet, as_json)
+        filters: dict[str, Any] = {
+            "pressure": pressure,
+            "since": active_since,
+            "limit": limit,
+            "prefix": scope.prefix or None,
+            "external": scope.external if scope.prefix else None,
+        }
         if as_json:  # one JSON array, written as the rows come (constant memory at any --limit)
-            stream_json_array(
-                queries.iter_sessions(
-                    db.views,
-                    pressure=pressure,
-                    since=active_since,
-                    limit=limit,
-                    prefix=scope.prefix or None,
-                    external=scope.external if scope.prefix else None,
-                )
-            )
+            stream_json_array(queries.iter_sessions(db.views, **filters))
             return
-        rows = queries.list_sessions(
-            db.views,
-            pressure=pressure,
-            since=active_since,
-            limit=limit,
-            prefix=scope.prefix or None,
-            external=scope.external if scope.prefix else None,
-        )
+        rows = queries.list_sessions(db.views, **filters)
 
     def table(rows: list[dict[str, Any]]) -> None:
         def cells(r: dict[str, Any]) -> tuple[Any, ...]:
@@ -225,6 +217,14 @@ def stream_json_array(rows: Iterable[dict[str, Any]]) -> None:
         out.write(("\n" if i == 0 else ",\n") + json.dumps(row, default=str))
     out.write("\n]\n")
     out.flush()
+
+
+@contextmanager
+def _session_open(session_id: str, fleet: str | None, as_json: bool) -> Iterator[tuple[Storage, SessionScope, int]]:
+    """``storage_open`` for a command about one session: the storage, the scope of ``--fleet`` and
+    the session's version (``_require_session``)."""
+    with storage_open(as_json) as db:
+        yield (db, *_require_session(db, session_id, fleet, as_json))
 
 
 def _require_session(db: Storage, session_id: str, fleet: str | None, as_json: bool) -> tuple[SessionScope, int]:
@@ -275,10 +275,8 @@ def history(
     from tracker import queries
     from tracker.audit.format import event_summary
 
-    with storage_open(as_json) as db:
-        store = db.store
-        scope, version = _require_session(db, session_id, fleet, as_json)
-        events = queries.read_history(store, scope.internal(session_id), from_version)
+    with _session_open(session_id, fleet, as_json) as (db, scope, version):
+        events = queries.read_history(db.store, scope.internal(session_id), from_version)
         if as_json:
             external = scope.external if scope.prefix else None
             print_json_lines(queries.event_to_dict(e, external=external) for e in events)
@@ -315,11 +313,9 @@ def replay(
     """Rebuild a session's state event by event; with policy flags, what-if on the recorded measurements."""
     from tracker import queries
 
-    with storage_open(as_json) as db:
-        store = db.store
-        scope, version = _require_session(db, session_id, fleet, as_json)
+    with _session_open(session_id, fleet, as_json) as (db, scope, version):
         stream = version > TABLE_MAX_ROWS
-        events = queries.read_history(store, scope.internal(session_id), 1, at)
+        events = queries.read_history(db.store, scope.internal(session_id), 1, at)
         if html_file is not None:
             # at the head: the store's narrow reads (the console's page); up to --at: the stream
             source = (db, scope.internal(session_id)) if at is None or at >= version else events
@@ -330,7 +326,7 @@ def replay(
         ):
             from tracker.core import Policy
 
-            first = next(iter(queries.read_history(store, scope.internal(session_id), 1, 1)))
+            first = next(iter(queries.read_history(db.store, scope.internal(session_id), 1, 1)))
             try:
                 policy = policy_from_flags(
                     compact_at,

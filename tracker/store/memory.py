@@ -156,7 +156,6 @@ class MemoryEventStore(LogStore):
         return self.fold_stream(sid, version, proj)[0] if version else proj.initial(sid)
 
     def find_idempotent(self, session_id: str, idempotency_key: str) -> AppendResult | None:
-        """The result of the earlier append made with this key, or None."""
         with self._lock:
             first = self._keys.get((session_id, idempotency_key))
             return None if first is None else self._replay(session_id, first)
@@ -187,8 +186,7 @@ class MemoryEventStore(LogStore):
     def read_all(
         self, after_position: int = 0, limit: int = 1000, *, session_prefix: str | None = None
     ) -> list[StoredEvent]:
-        """Events with position > ``after_position`` in position (= commit) order; with
-        ``session_prefix``, only those of sessions whose id starts with it (exact, case-sensitive)."""
+        """Position order is commit order here (one lock serialises appends)."""
         validate.check_read_all(after_position, limit, session_prefix)
         out: list[StoredEvent] = []
         with self._lock:
@@ -206,7 +204,6 @@ class MemoryEventStore(LogStore):
             return len(self._streams.get(session_id, ()))
 
     def load(self, session_id: str) -> tuple[dict[str, Any] | None, int]:
-        """(projection state, version); (None, 0) for an unknown session."""
         validate.check_session_id(session_id)
         with self._lock:
             row = self._rows.get(session_id)

@@ -281,7 +281,6 @@ class SqlEventStore(LogStore):
     # -- idempotency -----------------------------------------------------------------------------
 
     def find_idempotent(self, session_id: str, idempotency_key: str) -> AppendResult | None:
-        """The result of the earlier append made with this key, or None (lets a caller skip re-deciding)."""
         return self._run("append", lambda conn: self._replay(conn, session_id, idempotency_key))
 
     def _resolve_conflict(
@@ -356,12 +355,8 @@ class SqlEventStore(LogStore):
     def read_all(
         self, after_position: int = 0, limit: int = 1000, *, session_prefix: str | None = None
     ) -> list[StoredEvent]:
-        """Events with position > after_position in commit-safe order (see the module docstring).
-
-        ``session_prefix``: only events of sessions whose id starts with it (exact and
-        case-sensitive on both backends). The filter is part of the same statement, so the
-        result is still a prefix of the (filtered) log in commit order.
-        """
+        """Commit-safe on both backends (see the module docstring). The ``session_prefix`` filter is
+        part of the same statement, so the result is still a prefix of the (filtered) log in commit order."""
         validate.check_read_all(after_position, limit, session_prefix)
         return self._reads.read_all(after_position, limit, session_prefix)
 
@@ -370,7 +365,6 @@ class SqlEventStore(LogStore):
         return self._reads.stream_version(session_id)
 
     def load(self, session_id: str) -> tuple[dict[str, Any] | None, int]:
-        """(projection state, version); (None, 0) for an unknown session."""
         validate.check_session_id(session_id)
         row = self._reads.projection_state(session_id)
         if row is None:
