@@ -57,15 +57,10 @@ class LRU(Generic[K, V]):
             while len(self._data) > self.maxsize:
                 self._data.popitem(last=False)
 
-    @overload
-    def pop(self, key: K) -> V | None: ...
-    @overload
-    def pop(self, key: K, default: D) -> V | D: ...
-
-    def pop(self, key: K, default: object = None) -> object:
-        """Remove ``key``; its value, or ``default`` when it was not cached."""
+    def pop(self, key: K) -> V | None:
+        """Remove ``key``; its value, or None when it was not cached."""
         with self._lock:
-            return self._data.pop(key, default)
+            return self._data.pop(key, None)
 
     def discard(self, key: K) -> None:
         """Remove ``key`` if present."""

@@ -102,42 +102,33 @@ class Hooks:
         self._lock = threading.Lock()
 
     def command(self, name: str, session_id: str, attempt_id: str | None, basis: str | None) -> _Guarded:
-        wrappers = []
-        for h in self._command:
-            try:
-                cm = h.command(name, session_id, attempt_id, basis)
-            except Exception:  # noqa: BLE001 - a hook never breaks a command
-                self.failed(h, "command")
-                continue
-            if cm is not None:
-                wrappers.append((h, cm))
-        return _Guarded(self, "command", wrappers)
+        return _Guarded(self, "command", self._call(self._command, "command", name, session_id, attempt_id, basis))
 
     def after_command(self, name: str, session_id: str, result: Any) -> None:
-        for h in self._after_command:
-            try:
-                h.after_command(name, session_id, result)
-            except Exception:  # noqa: BLE001
-                self.failed(h, "after_command")
+        self._call(self._after_command, "after_command", name, session_id, result)
 
     def _phases(self, name: str) -> AbstractContextManager[Any]:
-        wrappers = []
-        for h in self._phase:
-            try:
-                cm = h.phase(name)
-            except Exception:  # noqa: BLE001
-                self.failed(h, "phase")
-                continue
-            if cm is not None:
-                wrappers.append((h, cm))
+        wrappers = self._call(self._phase, "phase", name)
         return _Guarded(self, "phase", wrappers) if wrappers else NOTHING
 
     def after_record(self, op: str, session_id: str, outcome: Outcome) -> None:
-        for h in self._after_record:
+        self._call(self._after_record, "after_record", op, session_id, outcome)
+
+    def _call(
+        self, hooks: tuple[TrackerHooks, ...], method: str, *args: Any
+    ) -> list[tuple[TrackerHooks, AbstractContextManager[Any]]]:
+        """``method(*args)`` of each of ``hooks``, in order; one that raises is logged and skipped
+        (a hook never breaks a command). What they return that is not None: the context managers to wrap."""
+        wrappers = []
+        for h in hooks:
             try:
-                h.after_record(op, session_id, outcome)
-            except Exception:  # noqa: BLE001
-                self.failed(h, "after_record")
+                cm = getattr(h, method)(*args)
+            except Exception:  # noqa: BLE001 - a hook never breaks a command
+                self.failed(h, method)
+                continue
+            if cm is not None:
+                wrappers.append((h, cm))
+        return wrappers
 
     def failed(self, hook: TrackerHooks, method: str) -> None:
         """Log the exception being handled: the first time for this hook and method, at debug level after."""

@@ -8,6 +8,7 @@ pages answer with ``tracker.http.errors.status_for``, the overview's counts read
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from typing import Any
 
@@ -129,3 +130,23 @@ def test_the_local_ticket_signs_in_once(console):
     assert "local operator (every fleet)" in client.get("/console/").text
     client.cookies.clear()
     assert client.get(f"/console/signin/ticket?t={local.ticket}").status_code == 401
+
+
+def test_the_session_files_serve_a_visible_session_and_refuse_the_rest(console):
+    client = console["client"]
+    client.cookies.clear()
+    for name in ("export.jsonl", "report.html"):
+        r = client.get(f"/console/sessions/one/{name}")
+        assert r.status_code == 401 and r.json()["code"] == "unauthorized"
+    _sign_in_with_key(client, console["key"])
+    r = client.get("/console/sessions/one/export.jsonl")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("application/x-ndjson")
+    lines = [json.loads(line) for line in r.text.splitlines()]
+    assert lines and {e["session_id"] for e in lines} == {"one"}  # the fleet's ids, as the viewer names them
+    assert [e["version"] for e in lines] == list(range(1, len(lines) + 1))
+    r = client.get("/console/sessions/one/report.html")
+    assert r.status_code == 200 and r.headers["content-disposition"] == 'inline; filename="one.html"'
+    assert "<html" in r.text.lower()
+    for name in ("export.jsonl", "report.html"):
+        r = client.get(f"/console/sessions/nobody/{name}")
+        assert r.status_code == 404 and r.json()["code"] == "unknown_session"

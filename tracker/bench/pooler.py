@@ -15,7 +15,6 @@ with that reason, like any section whose server is missing.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import socket
@@ -28,7 +27,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from tracker.bench.procs import barrier_pool, create_scratch_db, drop_scratch_db, free_port, wait_at_start_line
+from tracker.bench.procs import barrier_pool, create_scratch_db, drop_scratch_db, free_port
+from tracker.bench.service import observe_for
 from tracker.bench.stats import latency_ms, ratio, throughput
 from tracker.errors import StoreUnavailable
 from tracker.settings import normalize_database_url
@@ -104,39 +104,9 @@ def pgbouncer(pg_host: str, pg_port: int, *, pool_size: int = 8, run_as: str = "
 
 def _observer(args: tuple[str, str, str, float]) -> tuple[int, list[float]]:
     db_url, pooler, prefix, duration = args
-    from tracker.service import Tracker
     from tracker.settings import Settings
 
-    t = Tracker.from_settings(Settings.of(database_url=db_url, database_pooler=pooler))
-    fp = hashlib.sha256(prefix.encode()).hexdigest()
-    sessions = [f"{prefix}-{i}" for i in range(8)]
-    latencies: list[float] = []
-
-    def one(i: int) -> None:
-        m = {
-            "basis": f"m{i}",
-            "input_tokens": 1000 + (i % 500) * 100,
-            "input_limit": 200_000,
-            "quality": "exact_local",
-            "model": {"provider": "openai", "name": "gpt-4o"},
-            "fingerprint": fp,
-        }
-        t.observe(sessions[i % len(sessions)], measurement=m)
-
-    try:
-        for i in range(len(sessions)):  # untimed: sessions exist, connections warm
-            one(i)
-        wait_at_start_line(300)
-        end = time.time() + duration
-        i = len(sessions)
-        while time.time() < end:
-            t0 = time.perf_counter()
-            one(i)
-            latencies.append(time.perf_counter() - t0)
-            i += 1
-    finally:
-        t.close()
-    return len(latencies), latencies
+    return observe_for(Settings.of(database_url=db_url, database_pooler=pooler), prefix, duration)
 
 
 def _window(pool: Any, db_url: str, pooler: str, n: int, duration: float) -> tuple[int, list[float]]:

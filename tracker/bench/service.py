@@ -15,21 +15,31 @@ from __future__ import annotations
 import hashlib
 import time
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tracker.bench.procs import barrier_pool, create_scratch_db, drop_scratch_db, wait_at_start_line
 from tracker.bench.stats import latency_ms, ratio, throughput
 from tracker.settings import normalize_database_url
+
+if TYPE_CHECKING:  # pragma: no cover
+    from tracker.settings import Settings
 
 PROCESS_COUNTS = (1, 4, 16)
 
 
 def _observer(args: tuple[str, str | None, str, float]) -> tuple[int, list[float]]:
     db_url, redis_url, prefix, duration = args
-    from tracker.service import Tracker
     from tracker.settings import Settings
 
-    t = Tracker.from_settings(Settings.of(database_url=db_url, redis_url=redis_url))
+    return observe_for(Settings.of(database_url=db_url, redis_url=redis_url), prefix, duration)
+
+
+def observe_for(settings: Settings, prefix: str, duration: float) -> tuple[int, list[float]]:
+    """In a pool process: a ``Tracker`` of ``settings`` observes 8 sessions named after ``prefix``,
+    once each untimed, then from the common start line for ``duration`` s; (observes, latencies)."""
+    from tracker.service import Tracker
+
+    t = Tracker.from_settings(settings)
     fp = hashlib.sha256(prefix.encode()).hexdigest()
     sessions = [f"{prefix}-{i}" for i in range(8)]
     latencies: list[float] = []

@@ -9,7 +9,8 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -178,26 +179,17 @@ def sessions(
     active_since = parse_since(since, as_json) if since else None
     with storage_open(as_json, read=True) as db:
         scope = _scope(db.fleets, fleet, as_json)
+        filters: dict[str, Any] = {
+            "pressure": pressure,
+            "since": active_since,
+            "limit": limit,
+            "prefix": scope.prefix or None,
+            "external": scope.external if scope.prefix else None,
+        }
         if as_json:  # one JSON array, written as the rows come (constant memory at any --limit)
-            stream_json_array(
-                queries.iter_sessions(
-                    db.views,
-                    pressure=pressure,
-                    since=active_since,
-                    limit=limit,
-                    prefix=scope.prefix or None,
-                    external=scope.external if scope.prefix else None,
-                )
-            )
+            stream_json_array(queries.iter_sessions(db.views, **filters))
             return
-        rows = queries.list_sessions(
-            db.views,
-            pressure=pressure,
-            since=active_since,
-            limit=limit,
-            prefix=scope.prefix or None,
-            external=scope.external if scope.prefix else None,
-        )
+        rows = queries.list_sessions(db.views, **filters)
 
     def table(rows: list[dict[str, Any]]) -> None:
         def cells(r: dict[str, Any]) -> tuple[Any, ...]:
@@ -231,17 +223,26 @@ def stream_json_array(rows: Iterable[dict[str, Any]]) -> None:
     out.flush()
 
 
-def _require_session(db: Storage, session_id: str, as_json: bool, scope: SessionScope | None = None) -> int:
-    """The session's version, for a session id that is valid and exists (else a clear error and exit 2).
+@contextmanager
+def _session_open(session_id: str, fleet: str | None, as_json: bool) -> Iterator[tuple[Storage, SessionScope, int]]:
+    """``storage_open`` for a command about one session: the storage, the scope of ``--fleet`` and
+    the session's version (``_require_session``); a read command, so on the read side (the replica, if any)."""
+    with storage_open(as_json, read=True) as db:
+        yield (db, *_require_session(db, session_id, fleet, as_json))
+
+
+def _require_session(db: Storage, session_id: str, fleet: str | None, as_json: bool) -> tuple[SessionScope, int]:
+    """The scope of ``--fleet`` and the session's version, for a session id that is valid and exists
+    (else a clear error and exit 2).
 
     Without ``--fleet``, an unknown id that a fleet's agents use over HTTP gets a hint: ``--fleet NAME``.
     """
     from tracker import queries
     from tracker.errors import UnknownSession
 
-    scope = scope or SessionScope()
+    scope = _scope(db.fleets, fleet, as_json)
     try:
-        return queries.require_session(db.store, scope.internal(session_id), name=session_id)
+        return scope, queries.require_session(db.store, scope.internal(session_id), name=session_id)
     except UnknownSession as unknown:
         fleets = [] if scope.prefix else _fleets_with(db, session_id)
         if not fleets:
@@ -278,11 +279,8 @@ def history(
     from tracker import queries
     from tracker.audit.format import event_summary
 
-    with storage_open(as_json, read=True) as db:
-        store = db.store
-        scope = _scope(db.fleets, fleet, as_json)
-        version = _require_session(db, session_id, as_json, scope)
-        events = queries.read_history(store, scope.internal(session_id), from_version)
+    with _session_open(session_id, fleet, as_json) as (db, scope, version):
+        events = queries.read_history(db.store, scope.internal(session_id), from_version)
         if as_json:
             external = scope.external if scope.prefix else None
             print_json_lines(queries.event_to_dict(e, external=external) for e in events)
@@ -319,12 +317,9 @@ def replay(
     """Rebuild a session's state event by event; with policy flags, what-if on the recorded measurements."""
     from tracker import queries
 
-    with storage_open(as_json, read=True) as db:
-        store = db.store
-        scope = _scope(db.fleets, fleet, as_json)
-        version = _require_session(db, session_id, as_json, scope)
+    with _session_open(session_id, fleet, as_json) as (db, scope, version):
         stream = version > TABLE_MAX_ROWS
-        events = queries.read_history(store, scope.internal(session_id), 1, at)
+        events = queries.read_history(db.store, scope.internal(session_id), 1, at)
         if html_file is not None:
             # at the head: the store's narrow reads (the console's page); up to --at: the stream
             source = (db, scope.internal(session_id)) if at is None or at >= version else events
@@ -335,7 +330,7 @@ def replay(
         ):
             from tracker.core import Policy
 
-            first = next(iter(queries.read_history(store, scope.internal(session_id), 1, 1)))
+            first = next(iter(queries.read_history(db.store, scope.internal(session_id), 1, 1)))
             try:
                 policy = policy_from_flags(
                     compact_at,

@@ -259,17 +259,8 @@ async def commit(
 ) -> Response:
     """Commit an open attempt you hold (``tokens_after`` = the counted size of the compacted context).
     ``tokens_after >= input_limit`` is recorded as a rejection and answered 409 ``summary_too_large``."""
-    runtime, caller = runtime_of(request), caller_of(request)
-    state = await _run(
-        runtime,
-        Commands.commit,
-        caller.internal(session_id),
-        attempt_id,
-        body.fencing_token,
-        body.tokens_after,
-        idempotency_key=body.idempotency_key,
-    )
-    return _json(_state_out(caller, state))
+    args = (attempt_id, body.fencing_token, body.tokens_after)
+    return await _settle_attempt(request, Commands.commit, session_id, args, body.idempotency_key)
 
 
 @compactions.post("/{attempt_id}/reject", response_model=SessionStateOut, responses=responses(404, 409))
@@ -277,16 +268,16 @@ async def reject(
     body: RejectIn, request: Request, session_id: str = SessionPath, attempt_id: str = AttemptPath
 ) -> Response:
     """Reject an open attempt you hold (the compaction failed); its basis is exhausted."""
+    args = (attempt_id, body.fencing_token, body.reject_reason)
+    return await _settle_attempt(request, Commands.reject, session_id, args, body.idempotency_key)
+
+
+async def _settle_attempt(
+    request: Request, command: Callable[..., Any], session_id: str, args: tuple[Any, ...], key: str | None
+) -> Response:
+    """Commit or reject: ``command(session, *args)`` for the caller, answered with the session's state."""
     runtime, caller = runtime_of(request), caller_of(request)
-    state = await _run(
-        runtime,
-        Commands.reject,
-        caller.internal(session_id),
-        attempt_id,
-        body.fencing_token,
-        body.reject_reason,
-        idempotency_key=body.idempotency_key,
-    )
+    state = await _run(runtime, command, caller.internal(session_id), *args, idempotency_key=key)
     return _json(_state_out(caller, state))
 
 

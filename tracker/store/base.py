@@ -140,7 +140,7 @@ class EventStore(Protocol):
         ...
 
     def find_idempotent(self, session_id: str, idempotency_key: str) -> AppendResult | None:
-        """The earlier append made with this key (``replayed=True``), or None."""
+        """The earlier append made with this key (``replayed=True``), or None (lets a caller skip re-deciding)."""
         ...
 
     def read_stream(
@@ -195,8 +195,9 @@ class SessionViews(Protocol):
         session_prefix: str | None = None,
         after: tuple[datetime, str] | None = None,
     ) -> list[dict[str, Any]]:
-        """Projection rows, most recently updated first, then by id; ``after`` = the
-        ``(updated_at, session_id)`` of the previous page's last row (keyset paging)."""
+        """Projection rows, most recently updated first, then by id. ``session_prefix``: only sessions
+        whose id starts with it (exact, case-sensitive); ``after``: the ``(updated_at, session_id)`` of
+        the previous page's last row (keyset paging: the rows that come after it in this order)."""
         ...
 
     def session_summary(self, namespace_len: int) -> dict[str, Any]:
@@ -219,7 +220,8 @@ class SessionViews(Protocol):
         *,
         limit: int | None = None,
     ) -> Iterator[StoredEvent]:
-        """The session's events of ``types`` in a version range, in version order, at most ``limit``."""
+        """The session's events of ``types`` from ``from_version`` to ``to_version`` (inclusive), in
+        version order, at most ``limit`` of them."""
         ...
 
     def last_of_types(
@@ -243,5 +245,6 @@ class SessionViews(Protocol):
     def find_by_data(
         self, session_id: str, types: Sequence[str], key: str, value: str, limit: int = 100
     ) -> list[StoredEvent]:
-        """The session's events of ``types`` whose ``data[key]`` is the string ``value``, in version order."""
+        """The session's events of ``types`` whose ``data[key]`` is the string ``value``, in version order
+        (at most ``limit``)."""
         ...

@@ -17,23 +17,15 @@ from __future__ import annotations
 import bisect
 import json
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from tracker.errors import InvalidInput
 from tracker.store import validate
-from tracker.store.base import (
-    DEFAULT_MAX_EVENT_BYTES,
-    AppendResult,
-    NewEvent,
-    Projector,
-    StoredEvent,
-    conflict_error,
-    fold_events,
-    row_columns,
-)
+from tracker.store.base import DEFAULT_MAX_EVENT_BYTES, AppendResult, Projector, StoredEvent, conflict_error
+from tracker.store.common import CheckedAppend, LogStore
 
 __all__ = ["MemoryEventStore"]
 
@@ -77,7 +69,7 @@ class _Row:
     updated_at: datetime
 
 
-class MemoryEventStore:
+class MemoryEventStore(LogStore):
     """``EventStore`` in memory. Thread-safe (one lock); one instance is one database."""
 
     def __init__(self, *, projector: Projector | None = None, max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES):
@@ -97,28 +89,10 @@ class MemoryEventStore:
     def close(self) -> None:
         """Nothing to release (the log goes with the object)."""
 
-    def __enter__(self) -> MemoryEventStore:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     # -- append ----------------------------------------------------------------------------------
 
-    def append(
-        self,
-        session_id: str,
-        expected_version: int,
-        events: Sequence[NewEvent],
-        *,
-        idempotency_key: str | None = None,
-        projected: dict[str, Any] | None = None,
-    ) -> AppendResult:
-        """Append ``events`` at ``expected_version`` (``EventStore.append``)."""
-        types, texts, datas = validate.check_append(
-            session_id, expected_version, events, idempotency_key, self.max_event_bytes
-        )
-        sid, expected, key = session_id, expected_version, idempotency_key
+    def _append(self, append: CheckedAppend) -> AppendResult:
+        sid, expected, key, types = append.session_id, append.expected, append.key, append.types
         with self._lock:
             if key is not None and (sid, key) in self._keys:
                 return self._replay(sid, self._keys[(sid, key)])
@@ -138,7 +112,7 @@ class MemoryEventStore:
                     sid,
                     expected + 1 + i,
                     types[i],
-                    texts[i],
+                    append.texts[i],
                     recorded_at,
                     key if i == 0 else None,
                     len(types) if i == 0 else None,
@@ -150,16 +124,9 @@ class MemoryEventStore:
             cols: tuple[Any, ...] = (None, None, None, 0)
             proj = self.projector
             if proj is not None:
-                if projected is not None:
-                    state = projected
-                else:
-                    stored = [
-                        StoredEvent(e.position, sid, e.version, e.type, datas[i], recorded_at, e.idempotency_key)
-                        for i, e in enumerate(new)
-                    ]
-                    state = fold_events(proj, self._state_at(proj, sid, expected), stored)
-                state_json = validate.dumps(state)
-                cols = row_columns(proj, state)
+                state, state_json, cols = append.projection(
+                    proj, lambda: self._state_at(proj, sid, expected), positions, recorded_at
+                )
             if self.before_commit is not None:
                 self.before_commit(sid, positions)
             # publish: nothing above wrote anything
@@ -189,7 +156,6 @@ class MemoryEventStore:
         return self.fold_stream(sid, version, proj)[0] if version else proj.initial(sid)
 
     def find_idempotent(self, session_id: str, idempotency_key: str) -> AppendResult | None:
-        """The result of the earlier append made with this key, or None."""
         with self._lock:
             first = self._keys.get((session_id, idempotency_key))
             return None if first is None else self._replay(session_id, first)
@@ -220,8 +186,7 @@ class MemoryEventStore:
     def read_all(
         self, after_position: int = 0, limit: int = 1000, *, session_prefix: str | None = None
     ) -> list[StoredEvent]:
-        """Events with position > ``after_position`` in position (= commit) order; with
-        ``session_prefix``, only those of sessions whose id starts with it (exact, case-sensitive)."""
+        """Position order is commit order here (one lock serialises appends)."""
         validate.check_read_all(after_position, limit, session_prefix)
         out: list[StoredEvent] = []
         with self._lock:
@@ -239,7 +204,6 @@ class MemoryEventStore:
             return len(self._streams.get(session_id, ()))
 
     def load(self, session_id: str) -> tuple[dict[str, Any] | None, int]:
-        """(projection state, version); (None, 0) for an unknown session."""
         validate.check_session_id(session_id)
         with self._lock:
             row = self._rows.get(session_id)
@@ -250,17 +214,6 @@ class MemoryEventStore:
                     return None, row.version
                 return self.fold_stream(session_id, row.version)[0], row.version
             return json.loads(row.state_json), row.version
-
-    def fold_stream(
-        self, session_id: str, to_version: int | None = None, projector: Projector | None = None
-    ) -> tuple[dict[str, Any], int]:
-        """The session's state folded from the log alone (default: the store's projector), and its version."""
-        proj = projector or self.projector
-        if proj is None:
-            raise InvalidInput("projector", "folding needs a projector")
-        events = list(self.read_stream(session_id, 1, to_version))
-        state = fold_events(proj, proj.initial(session_id), events)
-        return state, events[-1].version if events else 0
 
     # -- verification reads ----------------------------------------------------------------------
 

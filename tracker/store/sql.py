@@ -54,7 +54,7 @@ from __future__ import annotations
 import json
 import os
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -63,18 +63,10 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.sql import Select
 
 from tracker._lru import LRU
-from tracker.errors import ConcurrencyConflict, InvalidInput, StoreError
+from tracker.errors import ConcurrencyConflict, StoreError
 from tracker.store import validate
-from tracker.store.base import (
-    DEFAULT_MAX_EVENT_BYTES,
-    AppendResult,
-    NewEvent,
-    Projector,
-    StoredEvent,
-    conflict_error,
-    fold_events,
-    row_columns,
-)
+from tracker.store.base import DEFAULT_MAX_EVENT_BYTES, AppendResult, Projector, StoredEvent, conflict_error
+from tracker.store.common import CheckedAppend, LogStore
 from tracker.store.errors import map_db_errors, run_core
 from tracker.store.postgres import Appended, PgFastPath, Replayed, Stale
 from tracker.store.schema import events as events_t
@@ -112,7 +104,7 @@ class _Backend(Protocol):
     def close(self) -> None: ...
 
 
-class SqlEventStore:
+class SqlEventStore(LogStore):
     """``EventStore`` on SQLite or PostgreSQL. Thread-safe; one instance per process is plenty."""
 
     def __init__(
@@ -155,12 +147,6 @@ class SqlEventStore:
         self._reads.close()
         self._engine.dispose()
 
-    def __enter__(self) -> SqlEventStore:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def _run(self, what: str, fn: Callable[[Connection], Any]) -> Any:
         return run_core(self._engine, what, fn)
 
@@ -179,26 +165,6 @@ class SqlEventStore:
 
     # -- folding ---------------------------------------------------------------------------------
 
-    def fold_stream(
-        self, session_id: str, to_version: int | None = None, projector: Projector | None = None
-    ) -> tuple[dict[str, Any], int]:
-        """Rebuild a session's state from the log alone (streamed). Returns (state, version)."""
-        proj = projector or self.projector
-        if proj is None:
-            raise InvalidInput("projector", "folding needs a projector")
-        state = proj.initial(session_id)
-        version = 0
-        batch: list[StoredEvent] = []
-        for ev in self.read_stream(session_id, 1, to_version):
-            batch.append(ev)
-            version = ev.version
-            if len(batch) >= READ_BATCH:
-                state = fold_events(proj, state, batch)
-                batch = []
-        if batch:
-            state = fold_events(proj, state, batch)
-        return state, version
-
     def _base_state(
         self, proj: Projector, sid: str, expected: int, cached_json: str | None, row: tuple[Any, ...] | None
     ) -> dict[str, Any]:
@@ -212,72 +178,28 @@ class SqlEventStore:
             return self.fold_stream(sid, expected)[0]
         return json.loads(row[1])
 
-    @staticmethod
-    def _new_state(
-        proj: Projector,
-        base: dict[str, Any],
-        session_id: str,
-        positions: Sequence[int],
-        first_version: int,
-        types: list[str],
-        datas: list[dict[str, Any]],
-        recorded_at: datetime,
-        key: str | None,
-    ) -> dict[str, Any]:
-        stored = [
-            StoredEvent(pos, session_id, first_version + i, types[i], datas[i], recorded_at, key if i == 0 else None)
-            for i, pos in enumerate(positions)
-        ]
-        return fold_events(proj, base, stored)
-
     # -- append ----------------------------------------------------------------------------------
 
-    def append(
-        self,
-        session_id: str,
-        expected_version: int,
-        events: Sequence[NewEvent],
-        *,
-        idempotency_key: str | None = None,
-        projected: dict[str, Any] | None = None,
-    ) -> AppendResult:
-        """Append ``events`` at ``expected_version`` (see the module doc).
-
-        ``projected``: the projection state after these events when the caller has already
-        folded it (the service has: it decided on that state); it must be what the projector
-        would fold, and ``tracker verify`` checks that it was. Default: the store folds.
-        """
+    def _parses(self, projected: dict[str, Any] | None) -> bool:
         # Postgres, given the state after the append, folds nothing: it needs no parsed data.
-        parse = self._pg is None or projected is None or self.projector is None
-        types, texts, datas = validate.check_append(
-            session_id, expected_version, events, idempotency_key, self.max_event_bytes, parse
-        )
+        return self._pg is None or projected is None or self.projector is None
+
+    def _append(self, append: CheckedAppend) -> AppendResult:
+        """The checked append on this store's backend (see the module doc); without ``projected``
+        (the service gives it: it decided on that state), the store folds."""
         try:
             with map_db_errors("append"):
                 if self._pg is not None:
-                    return self._append_pg(
-                        self._pg, session_id, expected_version, types, texts, datas, idempotency_key, projected
-                    )
+                    return self._append_pg(self._pg, append)
                 assert self._sqlite is not None
-                return self._append_sqlite(
-                    self._sqlite, session_id, expected_version, types, datas, idempotency_key, projected
-                )
+                return self._append_sqlite(self._sqlite, append)
         except StoreError as exc:
             if not isinstance(exc, ConcurrencyConflict):  # (a conflict leaves every cached version valid)
-                self._states.discard(session_id)
+                self._states.discard(append.session_id)
             raise
 
-    def _append_pg(
-        self,
-        pg: PgFastPath,
-        sid: str,
-        expected: int,
-        types: list[str],
-        texts: list[str],
-        datas: list[dict[str, Any]],
-        key: str | None,
-        projected: dict[str, Any] | None,
-    ) -> AppendResult:
+    def _append_pg(self, pg: PgFastPath, append: CheckedAppend) -> AppendResult:
+        sid, expected, key, projected = append.session_id, append.expected, append.key, append.projected
         proj = self.projector
         state: dict[str, Any] | None = None
         state_json: str | None = None
@@ -285,9 +207,9 @@ class SqlEventStore:
         if proj is not None:
             # The state after the append, folded before the one-statement call: the
             # projector reads only the events' type, data and version (see ``Projector``).
-            if projected is not None:
-                state = projected
-            else:
+            cached_json: str | None = None
+            row: tuple[int, str | None] | None = None
+            if projected is None:
                 cached_json = self._cache_get(sid, expected)
                 if cached_json is None:
                     row = pg.projection_state(sid)
@@ -295,34 +217,24 @@ class SqlEventStore:
                         if key is not None or row is None:
                             return self._resolve_conflict(sid, expected, key)  # (a replay, perhaps)
                         return self._settle(sid, expected, Stale(row[0], row[1]), None)
-                    base = self._base_state(proj, sid, expected, None, row)
-                else:
-                    base = json.loads(cached_json)
-                positions = (0,) * len(types)  # not known yet; a projector does not read them
-                state = self._new_state(proj, base, sid, positions, expected + 1, types, datas, _NOT_YET, key)
-            state_json = validate.dumps(state)
-            put = (state_json, *row_columns(proj, state))
+            positions = (0,) * len(append.types)  # not known yet; a projector does not read them
+            state, state_json, cols = append.projection(
+                proj, lambda: self._base_state(proj, sid, expected, cached_json, row), positions, _NOT_YET
+            )
+            put = (state_json, *cols)
         out = pg.append(
             sid,
             expected,
-            validate.dumps(types),
-            "[" + ",".join(texts) + "]",
+            validate.dumps(append.types),
+            "[" + ",".join(append.texts) + "]",
             key,
             put,
             before_commit=self.before_commit,
         )
         return self._settle(sid, expected, out, (state, state_json))
 
-    def _append_sqlite(
-        self,
-        backend: SqliteBackend,
-        sid: str,
-        expected: int,
-        types: list[str],
-        datas: list[dict[str, Any]],
-        key: str | None,
-        projected: dict[str, Any] | None,
-    ) -> AppendResult:
+    def _append_sqlite(self, backend: SqliteBackend, append: CheckedAppend) -> AppendResult:
+        sid, expected, key = append.session_id, append.expected, append.key
         proj = self.projector
         folded: list[tuple[dict[str, Any] | None, str | None]] = [(None, None)]
 
@@ -332,16 +244,16 @@ class SqlEventStore:
             # under the write lock, the events inserted: the row is the one at ``expected``
             if proj is None:
                 return None
-            if projected is not None:
-                state = projected
-            else:
-                base = self._base_state(proj, sid, expected, self._cache_get(sid, expected), row)
-                state = self._new_state(proj, base, sid, positions, expected + 1, types, datas, recorded_at, key)
-            state_json = validate.dumps(state)
+            state, state_json, cols = append.projection(
+                proj,
+                lambda: self._base_state(proj, sid, expected, self._cache_get(sid, expected), row),
+                positions,
+                recorded_at,
+            )
             folded[0] = (state, state_json)
-            return (state_json, *row_columns(proj, state))
+            return (state_json, *cols)
 
-        out = backend.append(sid, expected, types, datas, key, project, before_commit=self.before_commit)
+        out = backend.append(sid, expected, append.types, append.datas, key, project, before_commit=self.before_commit)
         return self._settle(sid, expected, out, folded[0])
 
     def _settle(
@@ -369,7 +281,6 @@ class SqlEventStore:
     # -- idempotency -----------------------------------------------------------------------------
 
     def find_idempotent(self, session_id: str, idempotency_key: str) -> AppendResult | None:
-        """The result of the earlier append made with this key, or None (lets a caller skip re-deciding)."""
         return self._run("append", lambda conn: self._replay(conn, session_id, idempotency_key))
 
     def _resolve_conflict(
@@ -444,12 +355,8 @@ class SqlEventStore:
     def read_all(
         self, after_position: int = 0, limit: int = 1000, *, session_prefix: str | None = None
     ) -> list[StoredEvent]:
-        """Events with position > after_position in commit-safe order (see the module docstring).
-
-        ``session_prefix``: only events of sessions whose id starts with it (exact and
-        case-sensitive on both backends). The filter is part of the same statement, so the
-        result is still a prefix of the (filtered) log in commit order.
-        """
+        """Commit-safe on both backends (see the module docstring). The ``session_prefix`` filter is
+        part of the same statement, so the result is still a prefix of the (filtered) log in commit order."""
         validate.check_read_all(after_position, limit, session_prefix)
         return self._reads.read_all(after_position, limit, session_prefix)
 
@@ -458,7 +365,6 @@ class SqlEventStore:
         return self._reads.stream_version(session_id)
 
     def load(self, session_id: str) -> tuple[dict[str, Any] | None, int]:
-        """(projection state, version); (None, 0) for an unknown session."""
         validate.check_session_id(session_id)
         row = self._reads.projection_state(session_id)
         if row is None:

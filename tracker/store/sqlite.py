@@ -122,76 +122,66 @@ class SqliteBackend:
         ``Replayed`` when the idempotency key was used before. Driver errors propagate; the store
         maps them.
         """
+        s, e = sessions_t.c, events_t.c
         try:
-            return self._append(sid, expected, types, datas, key, project, before_commit)
+            with self._engine.connect() as conn:
+                conn = conn.execution_options(ct_write=True)
+                with conn.begin():  # BEGIN IMMEDIATE: we hold the write lock from here to COMMIT
+                    row = conn.execute(select(s.version, cast(s.state, Text)).where(s.session_id == sid)).first()
+                    if key is not None:
+                        first = _key_used_at(conn, sid, key)
+                        if first is not None:
+                            return Replayed(first)
+                    actual = int(
+                        conn.execute(
+                            select(func.coalesce(func.max(e.version), 0)).where(e.session_id == sid)
+                        ).scalar_one()
+                    )
+                    if actual != expected or (row[0] if row else 0) != expected:
+                        return Stale(actual, row[1] if row is not None and row[0] == actual else None)
+                    recorded_at = datetime.now(UTC)
+                    fleet = SessionScope.fleet_of(sid)
+                    params = [
+                        {
+                            "session_id": sid,
+                            "version": expected + 1 + i,
+                            "type": types[i],
+                            "data": datas[i],
+                            "recorded_at": recorded_at,
+                            "idempotency_key": key if i == 0 else None,
+                            "batch_size": len(types) if i == 0 else None,
+                            "fleet": fleet,
+                        }
+                        for i in range(len(types))
+                    ]
+                    stmt = insert(events_t).returning(e.position, e.version, sort_by_parameter_order=True)
+                    rows = sorted(conn.execute(stmt, params).all(), key=lambda r: r[1])
+                    positions = tuple(r[0] for r in rows)
+                    last = expected + len(rows)
+                    values: dict[str, Any] = {"version": last, "updated_at": recorded_at, "state": None}
+                    put = project(None if row is None else (row[0], row[1]), positions, recorded_at)
+                    if put is not None:
+                        state_json, pressure, revision, occupancy, open_attempts = put
+                        values.update(
+                            state=json.loads(state_json),
+                            pressure=pressure,
+                            revision=revision,
+                            occupancy_bp=occupancy,
+                            open_attempts=open_attempts,
+                        )
+                    if expected == 0:
+                        conn.execute(insert(sessions_t).values(session_id=sid, created_at=recorded_at, **values))
+                    else:
+                        res = conn.execute(
+                            update(sessions_t).where(s.session_id == sid, s.version == expected).values(**values)
+                        )
+                        if res.rowcount != 1:  # cannot happen while we hold the write lock
+                            raise _OutOfStep()
+                    if before_commit is not None:
+                        before_commit(sid, positions)
+            return Appended(positions, recorded_at)
         except _OutOfStep:
             return Stale(expected, None)
-
-    def _append(
-        self,
-        sid: str,
-        expected: int,
-        types: Sequence[str],
-        datas: Sequence[dict[str, Any]],
-        key: str | None,
-        project: Project,
-        before_commit: Callable[[str, tuple[int, ...]], None] | None,
-    ) -> Appended | Stale | Replayed:
-        s, e = sessions_t.c, events_t.c
-        with self._engine.connect() as conn:
-            conn = conn.execution_options(ct_write=True)
-            with conn.begin():  # BEGIN IMMEDIATE: we hold the write lock from here to COMMIT
-                row = conn.execute(select(s.version, cast(s.state, Text)).where(s.session_id == sid)).first()
-                if key is not None:
-                    first = _key_used_at(conn, sid, key)
-                    if first is not None:
-                        return Replayed(first)
-                actual = int(
-                    conn.execute(select(func.coalesce(func.max(e.version), 0)).where(e.session_id == sid)).scalar_one()
-                )
-                if actual != expected or (row[0] if row else 0) != expected:
-                    return Stale(actual, row[1] if row is not None and row[0] == actual else None)
-                recorded_at = datetime.now(UTC)
-                fleet = SessionScope.fleet_of(sid)
-                params = [
-                    {
-                        "session_id": sid,
-                        "version": expected + 1 + i,
-                        "type": types[i],
-                        "data": datas[i],
-                        "recorded_at": recorded_at,
-                        "idempotency_key": key if i == 0 else None,
-                        "batch_size": len(types) if i == 0 else None,
-                        "fleet": fleet,
-                    }
-                    for i in range(len(types))
-                ]
-                stmt = insert(events_t).returning(e.position, e.version, sort_by_parameter_order=True)
-                rows = sorted(conn.execute(stmt, params).all(), key=lambda r: r[1])
-                positions = tuple(r[0] for r in rows)
-                last = expected + len(rows)
-                values: dict[str, Any] = {"version": last, "updated_at": recorded_at, "state": None}
-                put = project(None if row is None else (row[0], row[1]), positions, recorded_at)
-                if put is not None:
-                    state_json, pressure, revision, occupancy, open_attempts = put
-                    values.update(
-                        state=json.loads(state_json),
-                        pressure=pressure,
-                        revision=revision,
-                        occupancy_bp=occupancy,
-                        open_attempts=open_attempts,
-                    )
-                if expected == 0:
-                    conn.execute(insert(sessions_t).values(session_id=sid, created_at=recorded_at, **values))
-                else:
-                    res = conn.execute(
-                        update(sessions_t).where(s.session_id == sid, s.version == expected).values(**values)
-                    )
-                    if res.rowcount != 1:  # cannot happen while we hold the write lock
-                        raise _OutOfStep()
-                if before_commit is not None:
-                    before_commit(sid, positions)
-        return Appended(positions, recorded_at)
 
 
 def _key_used_at(conn: Connection, sid: str, key: str) -> int | None:

@@ -64,12 +64,7 @@ class SqlSessionViews:
         session_prefix: str | None = None,
         after: tuple[datetime, str] | None = None,
     ) -> list[dict[str, Any]]:
-        """Projection rows (all columns of ``sessions``), most recently updated first (then by id).
-
-        ``session_prefix``: only sessions whose id starts with it (exact, case-sensitive);
-        ``after``: the ``(updated_at, session_id)`` of the last row of the previous page (keyset
-        paging: the rows that come after it in this order).
-        """
+        """All columns of ``sessions``; the prefix is compared with ``substr`` (exact on both backends)."""
         validate.check_list_sessions(limit, active_since, session_prefix, after)
         s = sessions_t.c
         stmt = select(sessions_t)
@@ -129,7 +124,7 @@ class SqlSessionViews:
     # -- narrow reads of one session (the session page: tracker.audit.story) ----------------------
 
     def count_by_type(self, session_id: str, to_version: int | None = None) -> dict[str, int]:
-        """How many events of each type the session has (up to ``to_version``): one grouped read of the index."""
+        """One grouped read of the index."""
         validate.check_session_id(session_id)
         validate.check_to_version(to_version)
         e = events_t.c
@@ -146,8 +141,7 @@ class SqlSessionViews:
         *,
         limit: int | None = None,
     ) -> Iterator[StoredEvent]:
-        """The session's events of the given ``types`` from ``from_version`` to ``to_version``
-        (inclusive), in version order, at most ``limit`` of them; fetched in batches."""
+        """Fetched in batches (``READ_BATCH``)."""
         validate.check_session_id(session_id)
         kinds = validate.check_types(types)
         validate.check_from_version(from_version)
@@ -183,7 +177,6 @@ class SqlSessionViews:
     def last_of_types(
         self, session_id: str, types: Sequence[str], count: int = 1, to_version: int | None = None
     ) -> list[StoredEvent]:
-        """The newest ``count`` events of the given ``types`` (up to ``to_version``), oldest first."""
         validate.check_session_id(session_id)
         kinds = validate.check_types(types)
         validate.check_to_version(to_version)
@@ -238,7 +231,6 @@ class SqlSessionViews:
     def read_versions(
         self, session_id: str, versions: Sequence[int], types: Sequence[str] | None = None
     ) -> list[StoredEvent]:
-        """The session's events at the given ``versions`` (only those of ``types``, if given), in version order."""
         validate.check_session_id(session_id)
         kinds = None if types is None else validate.check_types(types)
         wanted = sorted({v for v in versions if validate.is_int(v) and v >= 1})
@@ -255,8 +247,7 @@ class SqlSessionViews:
     def find_by_data(
         self, session_id: str, types: Sequence[str], key: str, value: str, limit: int = 100
     ) -> list[StoredEvent]:
-        """The session's events of the given ``types`` whose ``data[key]`` is the string ``value``,
-        in version order (at most ``limit``). Only events of those types are looked at."""
+        """Only events of those types are looked at."""
         validate.check_session_id(session_id)
         kinds = validate.check_types(types)
         validate.check_data_key(key, value)

@@ -10,7 +10,7 @@ import io
 import json
 import socket
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -214,13 +214,27 @@ def history_json(request: Request, session_id: str, from_version: int = 1, limit
     )
 
 
-@router.get("/sessions/{session_id}/export.jsonl")
-def export_jsonl(request: Request, session_id: str) -> Response:
-    got = _session_for_download(request, session_id)
-    if isinstance(got, Response):
-        return got
-    viewer, store, sid = got
+#: a session file's body: (request, the session id as shown, the viewer, the store, the internal id)
+SessionFile = Callable[[Request, str, Viewer, EventStore, str], Response]
 
+
+def _session_file(path: str) -> Callable[[SessionFile], SessionFile]:
+    """``GET path`` serves what ``fn`` makes of a session the viewer may see (else the refusal, as JSON)."""
+
+    def register(fn: SessionFile) -> SessionFile:
+        def endpoint(request: Request, session_id: str) -> Response:
+            got = _session_for_download(request, session_id)
+            return got if isinstance(got, Response) else fn(request, session_id, *got)
+
+        endpoint.__name__ = endpoint.__qualname__ = fn.__name__
+        router.get(path)(endpoint)
+        return fn
+
+    return register
+
+
+@_session_file("/sessions/{session_id}/export.jsonl")
+def export_jsonl(request: Request, session_id: str, viewer: Viewer, store: EventStore, sid: str) -> Response:
     def lines() -> Iterator[bytes]:
         for e in queries.read_history(store, sid):
             yield (json.dumps(queries.event_to_dict(e, external=viewer.external)) + "\n").encode()
@@ -228,12 +242,8 @@ def export_jsonl(request: Request, session_id: str) -> Response:
     return StreamingResponse(lines(), media_type="application/x-ndjson", headers={"Cache-Control": "no-store"})
 
 
-@router.get("/sessions/{session_id}/report.html")
-def report_file(request: Request, session_id: str) -> Response:
-    got = _session_for_download(request, session_id)
-    if isinstance(got, Response):
-        return got
-    _, store, sid = got
+@_session_file("/sessions/{session_id}/report.html")
+def report_file(request: Request, session_id: str, viewer: Viewer, store: EventStore, sid: str) -> Response:
     buf = io.StringIO()
     render_store_html(store, sid, buf, shown=session_id, views=_views(request))
     name = "".join(c if c.isalnum() or c in "._-" else "_" for c in session_id)
