@@ -1,13 +1,30 @@
-"""Fleet and API key commands: the HTTP API's tenants and their keys."""
+"""Fleet and API key commands: the HTTP API's tenants, their keys and their policies."""
 
 from __future__ import annotations
 
+import getpass
+import socket
 from collections.abc import Callable
 from typing import Any
 
 import typer
 
-from tracker.cli._common import console, emit, fail, identifier, invalid, plain, plural, print_table, storage_open
+from tracker.cli._common import (
+    COMPACT_AT,
+    MAX_AUTO,
+    POLICY_INT,
+    REARM_BELOW,
+    console,
+    emit,
+    fail,
+    identifier,
+    invalid,
+    plain,
+    plural,
+    print_table,
+    settings,
+    storage_open,
+)
 
 fleet_app = typer.Typer(help="Fleets: the HTTP API's tenants (every session belongs to one).", no_args_is_help=True)
 key_app = typer.Typer(
@@ -23,18 +40,204 @@ def with_fleets(as_json: bool, call: Callable[[Any], Any]) -> Any:
         return call(db.fleets)
 
 
+def run(as_json: bool, call: Callable[[Any], Any], human: Callable[[Any], None]) -> None:
+    """``call(fleets)``, its result printed: JSON with --json, else ``human(result)``."""
+    emit(with_fleets(as_json, call), as_json, human)
+
+
+# -- policy options: every field of the core's Policy (the whatif flags, and the others) ---------
+
+AUTOMATIC = typer.Option(
+    None, "--observe-only/--automatic", help="observe-only: never compact automatically (automatic=false)"
+)
+COUNTER_POLICY = typer.Option(None, "--counter-policy", help="allow_conservative or require_exact")
+RESERVED_OUTPUT = typer.Option(None, "--reserved-output", help="tokens kept free for the reply", callback=POLICY_INT)
+SAFETY_MARGIN = typer.Option(None, "--safety-margin", help="tokens kept free beside the reply", callback=POLICY_INT)
+COUNT_TIMEOUT = typer.Option(None, "--count-timeout-s", help="seconds a count may take")
+POLICY_TURN_DELTA = typer.Option(None, "--turn-delta", help="growth trigger in (0, 1], or `off`")
+LEASE = typer.Option(None, "--attempt-lease-s", help="seconds an attempt may stay open")
+BY = typer.Option(None, "--by", help="who makes the change, for the policy's history (default: user@host)")
+
+
+def _turn_delta(text: str | None) -> float | None | str:
+    """``--turn-delta``: a number, or ``off``/``none`` (the growth trigger off); "" when not given."""
+    from tracker.errors import InvalidPolicy
+
+    if text is None:
+        return ""
+    if text.strip().lower() in ("off", "none", "null"):
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise InvalidPolicy("turn_delta", f"must be `off` or a number in (0, 1], got {text!r}") from None
+
+
+def policy_changes(
+    automatic: bool | None,
+    compact_at: int | None,
+    rearm_below: int | None,
+    counter_policy: str | None,
+    reserved_output: int | None,
+    safety_margin: int | None,
+    count_timeout_s: float | None,
+    turn_delta: str | None,
+    max_automatic_per_episode: int | None,
+    attempt_lease_s: float | None,
+) -> dict[str, Any]:
+    """The policy fields the flags given set (an empty dict: none given)."""
+    given: dict[str, Any] = {
+        "automatic": None if automatic is None else not automatic,  # the flag says observe-only
+        "compact_at_bp": compact_at,
+        "rearm_below_bp": rearm_below,
+        "counter_policy": counter_policy,
+        "reserved_output": reserved_output,
+        "safety_margin": safety_margin,
+        "count_timeout_s": count_timeout_s,
+        "max_automatic_per_episode": max_automatic_per_episode,
+        "attempt_lease_s": attempt_lease_s,
+    }
+    changes = {k: v for k, v in given.items() if v is not None}
+    delta = _turn_delta(turn_delta)
+    if delta != "":
+        changes["turn_delta"] = delta
+    return changes
+
+
+def actor(by: str | None) -> str:
+    """Who makes a policy change: ``--by``, else ``user@host`` of this process."""
+    if by is not None:
+        return by
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no login name and no passwd entry (a bare container)
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+def _server_policy() -> Any:
+    """The policy of this configuration (``TRACKER_*``): what a fleet without its own starts from."""
+    return settings().policy
+
+
+def _policy_lines(record: dict[str, Any], heading: str) -> None:
+    own = record["policy"]
+    if own is None:
+        source = "the server's policy (this configuration's): the fleet has none of its own"
+    else:
+        source = f"version {record['version']}, set by {plain(record['actor'])} at {plain(str(record['at'])[:19])}"
+    console.print(f"{heading} fleet {plain(record['fleet'])} ({plain(record['fleet_id'])}): {source}")
+    values = own if own is not None else _server_policy().to_data()
+    print_table("policy", ("field", "value"), ((k, str(v)) for k, v in values.items()))
+
+
 @fleet_app.command("create")
 def fleet_create(
     name: str = typer.Argument(..., help="fleet name, 1-100 of [A-Za-z0-9._-]", callback=identifier),
+    automatic: bool | None = AUTOMATIC,
+    compact_at: int | None = COMPACT_AT,
+    rearm_below: int | None = REARM_BELOW,
+    counter_policy: str | None = COUNTER_POLICY,
+    reserved_output: int | None = RESERVED_OUTPUT,
+    safety_margin: int | None = SAFETY_MARGIN,
+    count_timeout_s: float | None = COUNT_TIMEOUT,
+    turn_delta: str | None = POLICY_TURN_DELTA,
+    max_automatic_per_episode: int | None = MAX_AUTO,
+    attempt_lease_s: float | None = LEASE,
+    by: str | None = BY,
     as_json: bool = JSON,
 ) -> None:
-    """Create a fleet."""
-    emit(
-        with_fleets(as_json, lambda fleets: fleets.create_fleet(name)),
+    """Create a fleet; with policy flags, with a policy of its own (the other fields: this configuration's)."""
+    changes = policy_changes(
+        automatic,
+        compact_at,
+        rearm_below,
+        counter_policy,
+        reserved_output,
+        safety_margin,
+        count_timeout_s,
+        turn_delta,
+        max_automatic_per_episode,
+        attempt_lease_s,
+    )
+    policy = _server_policy().replace(**changes) if changes else None  # InvalidPolicy before any write
+    run(
         as_json,
+        lambda fleets: fleets.create_fleet(name, policy, actor=actor(by)),
         lambda fleet: console.print(
-            f"[green]fleet[/] {plain(fleet['name'])} id [bold]{plain(fleet['fleet_id'])}[/]; "
+            f"[green]fleet[/] {plain(fleet['name'])} id [bold]{plain(fleet['fleet_id'])}[/]"
+            f"{' with a policy of its own' if fleet['policy'] else ''}; "
             f"next: tracker key create {plain(fleet['name'])}"
+        ),
+    )
+
+
+@fleet_app.command("policy")
+def fleet_policy(
+    fleet: str = typer.Argument(..., help="fleet id or name", callback=identifier),
+    automatic: bool | None = AUTOMATIC,
+    compact_at: int | None = COMPACT_AT,
+    rearm_below: int | None = REARM_BELOW,
+    counter_policy: str | None = COUNTER_POLICY,
+    reserved_output: int | None = RESERVED_OUTPUT,
+    safety_margin: int | None = SAFETY_MARGIN,
+    count_timeout_s: float | None = COUNT_TIMEOUT,
+    turn_delta: str | None = POLICY_TURN_DELTA,
+    max_automatic_per_episode: int | None = MAX_AUTO,
+    attempt_lease_s: float | None = LEASE,
+    reset: bool = typer.Option(False, "--reset", help="back to the server's policy (recorded as a version)"),
+    history: bool = typer.Option(False, "--history", help="every version: who changed it, when, to what"),
+    by: str | None = BY,
+    as_json: bool = JSON,
+) -> None:
+    """Show the fleet's policy; with flags, change it (a new version; new sessions only: started ones keep theirs)."""
+    changes = policy_changes(
+        automatic,
+        compact_at,
+        rearm_below,
+        counter_policy,
+        reserved_output,
+        safety_margin,
+        count_timeout_s,
+        turn_delta,
+        max_automatic_per_episode,
+        attempt_lease_s,
+    )
+    if sum((bool(changes), reset, history)) > 1:
+        fail(invalid("policy", "give policy flags, --reset or --history (one of them)"), as_json)
+    if history:
+        run(as_json, lambda fleets: fleets.policy_history(fleet), _print_history)
+        return
+    if not changes and not reset:
+        run(as_json, lambda fleets: fleets.current_policy(fleet), lambda r: _policy_lines(r, "policy of"))
+        return
+
+    def change(fleets: Any) -> dict[str, Any]:
+        if reset:
+            return fleets.set_policy(fleet, None, actor=actor(by))
+        from tracker.core import Policy
+
+        own = fleets.current_policy(fleet)["policy"]
+        base = _server_policy() if own is None else Policy.from_data(own)
+        return fleets.set_policy(fleet, base.replace(**changes), actor=actor(by))
+
+    run(as_json, change, lambda r: _policy_lines(r, "[green]changed[/]: new sessions of"))
+
+
+def _print_history(rows: list[dict[str, Any]]) -> None:
+    def what(before: dict[str, Any] | None, after: dict[str, Any] | None) -> str:
+        if after is None:
+            return "the server's policy"
+        if before is None:
+            return ", ".join(f"{k}={v}" for k, v in after.items())
+        return ", ".join(f"{k} {before.get(k)} -> {v}" for k, v in after.items() if before.get(k) != v) or "no change"
+
+    print_table(
+        plural(len(rows), "policy version"),
+        ("version", "at", "by", "policy"),
+        (
+            (str(r["version"]), str(r["at"])[:19], r["actor"], what(rows[i - 1]["policy"] if i else None, r["policy"]))
+            for i, r in enumerate(rows)
         ),
     )
 
@@ -42,9 +245,9 @@ def fleet_create(
 @fleet_app.command("list")
 def fleet_list(as_json: bool = JSON) -> None:
     """List fleets with their number of active keys."""
-    emit(
-        with_fleets(as_json, lambda fleets: fleets.list_fleets()),
+    run(
         as_json,
+        lambda fleets: fleets.list_fleets(),
         lambda rows: print_table(
             plural(len(rows), "fleet"),
             ("fleet id", "name", "active keys", "created"),
@@ -91,9 +294,9 @@ def key_list(
     """List a fleet's keys, or with --operator the operator keys (ids and dates; tokens are never stored)."""
     if operator == (fleet is not None):
         fail(invalid("fleet", "give a fleet, or --operator for the operator keys (not both)"), as_json)
-    emit(
-        with_fleets(as_json, lambda fleets: fleets.list_operator_keys() if operator else fleets.list_keys(fleet)),
+    run(
         as_json,
+        lambda fleets: fleets.list_operator_keys() if operator else fleets.list_keys(fleet),
         lambda rows: print_table(
             plural(len(rows), "key"),
             ("key id", "fleet", "created", "revoked"),
@@ -111,9 +314,9 @@ def key_revoke(
     as_json: bool = JSON,
 ) -> None:
     """Revoke a key: servers refuse it (401) within TRACKER_API_KEY_CACHE_S (1 s by default)."""
-    emit(
-        with_fleets(as_json, lambda fleets: fleets.revoke_key(key_id)),
+    run(
         as_json,
+        lambda fleets: fleets.revoke_key(key_id),
         lambda result: console.print(
             f"[green]revoked[/] key {plain(key_id)}{' (it already was)' if result['already_revoked'] else ''}"
         ),
