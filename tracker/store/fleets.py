@@ -68,7 +68,6 @@ def _iso(value: datetime | None) -> str | None:
 
 
 MAX_ACTOR_LEN = 200
-_POLICY_TRIES = 5  # concurrent changes of one fleet's policy: the losers of the version race try again
 
 
 def _checked_policy(policy: Policy | Mapping[str, Any] | None) -> dict[str, Any] | None:
@@ -197,6 +196,8 @@ class FleetStore:
         p = fleet_policy_events.c
 
         def do(conn: Any) -> Any:
+            # the fleet's row locked (PostgreSQL; SQLite writes one at a time): its changes take turns
+            conn.execute(select(fleets.c.fleet_id).where(fleets.c.fleet_id == f["fleet_id"]).with_for_update())
             last = conn.execute(select(func.max(p.version)).where(p.fleet_id == f["fleet_id"])).scalar()
             version = (last or 0) + 1
             now = datetime.now(UTC)
@@ -207,13 +208,7 @@ class FleetStore:
             )
             return version, now
 
-        for attempt in range(_POLICY_TRIES):
-            try:
-                version, at = self._run("set_policy", do, write=True)
-                break
-            except StoreError as exc:  # a concurrent change took this version: the next one
-                if not isinstance(exc.__cause__, sa_exc.IntegrityError) or attempt == _POLICY_TRIES - 1:
-                    raise
+        version, at = self._run("set_policy", do, write=True)
         with self._lock:
             self._policies.pop(f["fleet_id"], None)
         return {
