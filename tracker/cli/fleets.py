@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 import getpass
+import inspect
 import socket
 from collections.abc import Callable
 from typing import Any
 
 import typer
+from typer.models import ArgumentInfo
 
 from tracker.cli._common import (
     COMPACT_AT,
@@ -73,35 +76,53 @@ def _turn_delta(text: str | None) -> float | None | str:
         raise InvalidPolicy("turn_delta", f"must be `off` or a number in (0, 1], got {text!r}") from None
 
 
-def policy_changes(
-    automatic: bool | None,
-    compact_at: int | None,
-    rearm_below: int | None,
-    counter_policy: str | None,
-    reserved_output: int | None,
-    safety_margin: int | None,
-    count_timeout_s: float | None,
-    turn_delta: str | None,
-    max_automatic_per_episode: int | None,
-    attempt_lease_s: float | None,
-) -> dict[str, Any]:
+#: every policy flag: (its parameter, its type, its option, the policy field it sets)
+_FLAGS: tuple[tuple[str, Any, Any, str], ...] = (
+    ("automatic", bool | None, AUTOMATIC, "automatic"),
+    ("compact_at", int | None, COMPACT_AT, "compact_at_bp"),
+    ("rearm_below", int | None, REARM_BELOW, "rearm_below_bp"),
+    ("counter_policy", str | None, COUNTER_POLICY, "counter_policy"),
+    ("reserved_output", int | None, RESERVED_OUTPUT, "reserved_output"),
+    ("safety_margin", int | None, SAFETY_MARGIN, "safety_margin"),
+    ("count_timeout_s", float | None, COUNT_TIMEOUT, "count_timeout_s"),
+    ("turn_delta", str | None, POLICY_TURN_DELTA, "turn_delta"),
+    ("max_automatic_per_episode", int | None, MAX_AUTO, "max_automatic_per_episode"),
+    ("attempt_lease_s", float | None, LEASE, "attempt_lease_s"),
+)
+POLICY_FLAGS: Any = None  # the placeholder of ``changes`` in a command's signature (see ``policy_flags``)
+
+
+def policy_changes(**flags: Any) -> dict[str, Any]:
     """The policy fields the flags given set (an empty dict: none given)."""
-    given: dict[str, Any] = {
-        "automatic": None if automatic is None else not automatic,  # the flag says observe-only
-        "compact_at_bp": compact_at,
-        "rearm_below_bp": rearm_below,
-        "counter_policy": counter_policy,
-        "reserved_output": reserved_output,
-        "safety_margin": safety_margin,
-        "count_timeout_s": count_timeout_s,
-        "max_automatic_per_episode": max_automatic_per_episode,
-        "attempt_lease_s": attempt_lease_s,
-    }
-    changes = {k: v for k, v in given.items() if v is not None}
-    delta = _turn_delta(turn_delta)
+    changes = {field: flags[name] for name, _, _, field in _FLAGS if flags[name] is not None}
+    if "automatic" in changes:
+        changes["automatic"] = not changes["automatic"]  # the flag says observe-only
+    delta = _turn_delta(flags["turn_delta"])
     if delta != "":
         changes["turn_delta"] = delta
+    else:
+        changes.pop("turn_delta", None)
     return changes
+
+
+def policy_flags(command: Callable[..., None]) -> Callable[..., None]:
+    """A command with every policy flag in place of its ``changes`` parameter, which it receives as
+    ``policy_changes(...)`` of them (typer reads the signature made here)."""
+    sig = inspect.signature(command)
+    own = [p for p in sig.parameters.values() if p.name != "changes"]
+    flags = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=o, annotation=t) for n, t, o, _ in _FLAGS]
+
+    @functools.wraps(command)
+    def call(**kwargs: Any) -> None:
+        given = {name: kwargs.pop(name) for name, _, _, _ in _FLAGS}
+        command(changes=policy_changes(**given), **kwargs)
+
+    own_kw = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own]
+    arguments = [p for p in own_kw if isinstance(p.default, ArgumentInfo)]  # the flags after them
+    ordered = [*arguments, *flags, *(p for p in own_kw if p not in arguments)]
+    call.__signature__ = sig.replace(parameters=ordered)  # type: ignore[attr-defined]
+    call.__annotations__ = {p.name: p.annotation for p in ordered}
+    return call
 
 
 def actor(by: str | None) -> str:
@@ -132,34 +153,14 @@ def _policy_lines(record: dict[str, Any], heading: str) -> None:
 
 
 @fleet_app.command("create")
+@policy_flags
 def fleet_create(
     name: str = typer.Argument(..., help="fleet name, 1-100 of [A-Za-z0-9._-]", callback=identifier),
-    automatic: bool | None = AUTOMATIC,
-    compact_at: int | None = COMPACT_AT,
-    rearm_below: int | None = REARM_BELOW,
-    counter_policy: str | None = COUNTER_POLICY,
-    reserved_output: int | None = RESERVED_OUTPUT,
-    safety_margin: int | None = SAFETY_MARGIN,
-    count_timeout_s: float | None = COUNT_TIMEOUT,
-    turn_delta: str | None = POLICY_TURN_DELTA,
-    max_automatic_per_episode: int | None = MAX_AUTO,
-    attempt_lease_s: float | None = LEASE,
+    changes: dict[str, Any] = POLICY_FLAGS,
     by: str | None = BY,
     as_json: bool = JSON,
 ) -> None:
     """Create a fleet; with policy flags, with a policy of its own (the other fields: this configuration's)."""
-    changes = policy_changes(
-        automatic,
-        compact_at,
-        rearm_below,
-        counter_policy,
-        reserved_output,
-        safety_margin,
-        count_timeout_s,
-        turn_delta,
-        max_automatic_per_episode,
-        attempt_lease_s,
-    )
     policy = _server_policy().replace(**changes) if changes else None  # InvalidPolicy before any write
     run(
         as_json,
@@ -173,36 +174,16 @@ def fleet_create(
 
 
 @fleet_app.command("policy")
+@policy_flags
 def fleet_policy(
     fleet: str = typer.Argument(..., help="fleet id or name", callback=identifier),
-    automatic: bool | None = AUTOMATIC,
-    compact_at: int | None = COMPACT_AT,
-    rearm_below: int | None = REARM_BELOW,
-    counter_policy: str | None = COUNTER_POLICY,
-    reserved_output: int | None = RESERVED_OUTPUT,
-    safety_margin: int | None = SAFETY_MARGIN,
-    count_timeout_s: float | None = COUNT_TIMEOUT,
-    turn_delta: str | None = POLICY_TURN_DELTA,
-    max_automatic_per_episode: int | None = MAX_AUTO,
-    attempt_lease_s: float | None = LEASE,
+    changes: dict[str, Any] = POLICY_FLAGS,
     reset: bool = typer.Option(False, "--reset", help="back to the server's policy (recorded as a version)"),
     history: bool = typer.Option(False, "--history", help="every version: who changed it, when, to what"),
     by: str | None = BY,
     as_json: bool = JSON,
 ) -> None:
     """Show the fleet's policy; with flags, change it (a new version; new sessions only: started ones keep theirs)."""
-    changes = policy_changes(
-        automatic,
-        compact_at,
-        rearm_below,
-        counter_policy,
-        reserved_output,
-        safety_margin,
-        count_timeout_s,
-        turn_delta,
-        max_automatic_per_episode,
-        attempt_lease_s,
-    )
     if sum((bool(changes), reset, history)) > 1:
         fail(invalid("policy", "give policy flags, --reset or --history (one of them)"), as_json)
     if history:
@@ -257,17 +238,19 @@ def fleet_list(as_json: bool = JSON) -> None:
 
 
 OPERATOR = typer.Option(False, "--operator", help="an operator key: signs in to the console, sees every fleet")
+KEY_FLEET = typer.Argument(None, help="fleet id or name (none with --operator)", callback=identifier)
+
+
+def fleet_or_operator(fleet: str | None, operator: bool, what: str, as_json: bool) -> None:
+    """Exactly one of a fleet and --operator (else ``InvalidInput`` naming ``fleet``, exit 2)."""
+    if operator == (fleet is not None):
+        fail(invalid("fleet", f"give a fleet, or --operator for {what} (not both)"), as_json)
 
 
 @key_app.command("create")
-def key_create(
-    fleet: str | None = typer.Argument(None, help="fleet id or name (none with --operator)", callback=identifier),
-    operator: bool = OPERATOR,
-    as_json: bool = JSON,
-) -> None:
+def key_create(fleet: str | None = KEY_FLEET, operator: bool = OPERATOR, as_json: bool = JSON) -> None:
     """Create an API key for a fleet (or, with --operator, a console key for every fleet); the token is shown once."""
-    if operator == (fleet is not None):
-        fail(invalid("fleet", "give a fleet, or --operator for an operator key (not both)"), as_json)
+    fleet_or_operator(fleet, operator, "an operator key", as_json)
     if operator:
         record, token = with_fleets(as_json, lambda fleets: fleets.create_operator_key())
     else:
@@ -286,14 +269,9 @@ def key_create(
 
 
 @key_app.command("list")
-def key_list(
-    fleet: str | None = typer.Argument(None, help="fleet id or name (none with --operator)", callback=identifier),
-    operator: bool = OPERATOR,
-    as_json: bool = JSON,
-) -> None:
+def key_list(fleet: str | None = KEY_FLEET, operator: bool = OPERATOR, as_json: bool = JSON) -> None:
     """List a fleet's keys, or with --operator the operator keys (ids and dates; tokens are never stored)."""
-    if operator == (fleet is not None):
-        fail(invalid("fleet", "give a fleet, or --operator for the operator keys (not both)"), as_json)
+    fleet_or_operator(fleet, operator, "the operator keys", as_json)
     run(
         as_json,
         lambda fleets: fleets.list_operator_keys() if operator else fleets.list_keys(fleet),

@@ -81,6 +81,17 @@ def _checked_policy(policy: Policy | Mapping[str, Any] | None) -> dict[str, Any]
     return policy.to_data()
 
 
+def _key_row(row: Any, **owner: Any) -> dict[str, Any]:
+    """A key's record as listed: its id, whose it is (``owner``), when made and revoked, whether valid."""
+    return {
+        "key_id": row.key_id,
+        **owner,
+        "created_at": _iso(row.created_at),
+        "revoked_at": _iso(row.revoked_at),
+        "active": row.revoked_at is None,
+    }
+
+
 def _policy_row(row: Any, fleet: dict[str, Any]) -> dict[str, Any]:
     return {
         "fleet_id": fleet["fleet_id"],
@@ -268,18 +279,7 @@ class FleetStore:
     def create_key(self, fleet: str) -> tuple[dict[str, Any], str]:
         """A new key for the fleet (id or name): (its record, the token -- shown only now)."""
         f = self.get_fleet(fleet)
-        key_id = secrets.token_hex(KEY_ID_LEN // 2)
-        token = f"{TOKEN_PREFIX}{key_id}_{secrets.token_urlsafe(32)}"
-        now = datetime.now(UTC)
-        self._run(
-            "create_key",
-            lambda conn: conn.execute(
-                insert(api_keys).values(
-                    key_id=key_id, fleet_id=f["fleet_id"], token_hash=hash_token(token), created_at=now
-                )
-            ),
-            write=True,
-        )
+        key_id, token, now = self._mint("create_key", api_keys, TOKEN_PREFIX, fleet_id=f["fleet_id"])
         return {
             "key_id": key_id,
             "fleet_id": f["fleet_id"],
@@ -287,6 +287,15 @@ class FleetStore:
             "created_at": now.isoformat(),
             "revoked_at": None,
         }, token
+
+    def _mint(self, what: str, table: Any, prefix: str, **columns: Any) -> tuple[str, str, datetime]:
+        """A new key in ``table`` (its hash stored, with ``columns``): (its id, the token, when made)."""
+        key_id = secrets.token_hex(KEY_ID_LEN // 2)
+        token = f"{prefix}{key_id}_{secrets.token_urlsafe(32)}"
+        now = datetime.now(UTC)
+        row = dict(key_id=key_id, token_hash=hash_token(token), created_at=now, **columns)
+        self._run(what, lambda conn: conn.execute(insert(table).values(**row)), write=True)
+        return key_id, token, now
 
     def list_keys(self, fleet: str) -> list[dict[str, Any]]:
         f = self.get_fleet(fleet)
@@ -297,17 +306,7 @@ class FleetStore:
             .order_by(k.created_at, k.key_id)
         )
         rows = self._run("list_keys", lambda conn: conn.execute(stmt).all())
-        return [
-            {
-                "key_id": r.key_id,
-                "fleet_id": f["fleet_id"],
-                "fleet": f["name"],
-                "created_at": _iso(r.created_at),
-                "revoked_at": _iso(r.revoked_at),
-                "active": r.revoked_at is None,
-            }
-            for r in rows
-        ]
+        return [_key_row(r, fleet_id=f["fleet_id"], fleet=f["name"]) for r in rows]
 
     def revoke_key(self, key_id: str) -> dict[str, Any]:
         if not isinstance(key_id, str) or not _KEY_ID.fullmatch(key_id):
@@ -379,32 +378,14 @@ class FleetStore:
     def create_operator_key(self) -> tuple[dict[str, Any], str]:
         """A new operator key: (its record, the token -- shown only now). It signs in to the console
         and sees every fleet; the ``/v1`` API never accepts it."""
-        key_id = secrets.token_hex(KEY_ID_LEN // 2)
-        token = f"{OPERATOR_TOKEN_PREFIX}{key_id}_{secrets.token_urlsafe(32)}"
-        now = datetime.now(UTC)
-        self._run(
-            "create_operator_key",
-            lambda conn: conn.execute(
-                insert(operator_keys).values(key_id=key_id, token_hash=hash_token(token), created_at=now)
-            ),
-            write=True,
-        )
+        key_id, token, now = self._mint("create_operator_key", operator_keys, OPERATOR_TOKEN_PREFIX)
         return {"key_id": key_id, "operator": True, "created_at": now.isoformat(), "revoked_at": None}, token
 
     def list_operator_keys(self) -> list[dict[str, Any]]:
         k = operator_keys.c
         stmt = select(k.key_id, k.created_at, k.revoked_at).order_by(k.created_at, k.key_id)
         rows = self._run("list_operator_keys", lambda conn: conn.execute(stmt).all())
-        return [
-            {
-                "key_id": r.key_id,
-                "operator": True,
-                "created_at": _iso(r.created_at),
-                "revoked_at": _iso(r.revoked_at),
-                "active": r.revoked_at is None,
-            }
-            for r in rows
-        ]
+        return [_key_row(r, operator=True) for r in rows]
 
     def revoke_operator_key(self, key_id: str) -> dict[str, Any]:
         if not isinstance(key_id, str) or not _KEY_ID.fullmatch(key_id):
