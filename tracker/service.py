@@ -64,6 +64,7 @@ from tracker.errors import (
     CountError,
     IntegrityError,
     InvalidInput,
+    InvalidPolicy,
     ManualAttemptOpen,
     TrackerError,
     UnknownAttempt,
@@ -322,6 +323,14 @@ class Tracker:
                 out = dataclasses.replace(out, error=again.error)
         return out
 
+    def _start_policy(self, policy: Policy | None) -> Policy:
+        """The policy a new session starts with: a per-call one (its fleet's, over HTTP), else this Tracker's."""
+        if policy is None:
+            return self.policy
+        if not isinstance(policy, Policy):
+            raise InvalidPolicy("policy", f"must be a Policy, got {type(policy).__name__}")
+        return policy
+
     # -- observe ---------------------------------------------------------------------------
     @_command("observe")
     def observe(
@@ -343,7 +352,7 @@ class Tracker:
         failures *after* recording them; bad input raises before anything is written.
         ``policy``: the one a *new* session starts with (default: this Tracker's; a started session keeps its own)."""
         check_session_id(session_id)
-        default = policy or self.policy
+        default = self._start_policy(policy)
         if (request is None) == (measurement is None):
             raise InvalidInput("request", "give exactly one of request= or measurement=")
         if idempotency_key is not None:
@@ -434,6 +443,7 @@ class Tracker:
         """Open a manual attempt (regardless of pressure; at most one manual attempt open).
         ``policy``: the one a *new* session starts with (default: this Tracker's)."""
         check_session_id(session_id)
+        start_policy = self._start_policy(policy)
         if basis is not None:
             Basis.parse(basis, 1)  # validate before anything is written
         attempt_id = self.new_id()
@@ -441,7 +451,7 @@ class Tracker:
             session_id,
             lambda st: decide_manual(
                 st,
-                policy or self.policy,
+                start_policy,
                 now=self.clock(),
                 new_attempt_id=attempt_id,
                 basis=Basis.parse(basis, st.revision) if basis is not None else None,

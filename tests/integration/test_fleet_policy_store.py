@@ -163,3 +163,10 @@ def test_the_http_commands_start_a_fleets_new_session_with_its_policy(db_url: st
         assert tracker.state(f"{own}:t").policy.compact_at_bp == 9000
         # the per-call policy is for new sessions: the library's default stays the Tracker's
         assert tracker.state(f"{plain}:s").policy == tracker.policy
+        # a per-call policy that is not a Policy is refused, nothing written
+        with pytest.raises(InvalidPolicy) as refused:
+            tracker.observe("typed", measurement=m("m1", 1), policy={"compact_at_bp": 7000})  # type: ignore[arg-type]
+        assert refused.value.field == "policy"
+        with pytest.raises(InvalidPolicy):
+            tracker.request_compaction("typed", policy="7000")  # type: ignore[arg-type]
+        assert list(tracker.history("typed")) == []
