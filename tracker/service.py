@@ -64,6 +64,7 @@ from tracker.errors import (
     CountError,
     IntegrityError,
     InvalidInput,
+    InvalidPolicy,
     ManualAttemptOpen,
     TrackerError,
     UnknownAttempt,
@@ -322,6 +323,14 @@ class Tracker:
                 out = dataclasses.replace(out, error=again.error)
         return out
 
+    def _start_policy(self, policy: Policy | None) -> Policy:
+        """The policy a new session starts with: a per-call one (its fleet's, over HTTP), else this Tracker's."""
+        if policy is None:
+            return self.policy
+        if not isinstance(policy, Policy):
+            raise InvalidPolicy("policy", f"must be a Policy, got {type(policy).__name__}")
+        return policy
+
     # -- observe ---------------------------------------------------------------------------
     @_command("observe")
     def observe(
@@ -337,10 +346,13 @@ class Tracker:
         scope_confidence: float | None = None,
         overhead_tokens: int | None = None,
         idempotency_key: str | None = None,
+        policy: Policy | None = None,
     ) -> Result:
         """Count (when given a request), record, decide. Raises ``ContextLimitError`` and count
-        failures *after* recording them; bad input raises before anything is written."""
+        failures *after* recording them; bad input raises before anything is written.
+        ``policy``: the one a *new* session starts with (default: this Tracker's; a started session keeps its own)."""
         check_session_id(session_id)
+        default = self._start_policy(policy)
         if (request is None) == (measurement is None):
             raise InvalidInput("request", "give exactly one of request= or measurement=")
         if idempotency_key is not None:
@@ -350,7 +362,7 @@ class Tracker:
         # validate the per-request threshold before counting (bad input writes nothing)
         if compaction_threshold is not None or scope is not None or scope_confidence is not None:
             resolve_threshold(
-                self.policy.compact_at_bp, self.policy.rearm_below_bp, compaction_threshold, scope, scope_confidence
+                default.compact_at_bp, default.rearm_below_bp, compaction_threshold, scope, scope_confidence
             )
 
         if idempotency_key is not None:  # a retry: the original answer, before any (re)counting
@@ -378,17 +390,16 @@ class Tracker:
             if self.counting is None:
                 raise InvalidInput("request", "this tracker has no counting backend; pass measurement=")
             known = self._states.get(session_id) or self._load(session_id)
-            policy = known.policy or self.policy  # the session's policy, fixed when it started
             started = time.monotonic()
-            try:
-                m = self.counting.measure(request, model=model, basis=b, policy=policy)
+            try:  # the session's policy, fixed when it started
+                m = self.counting.measure(request, model=model, basis=b, policy=known.policy or default)
             except CountError as exc:
                 duration_ms = int((time.monotonic() - started) * 1000)
 
                 def failed(st: SessionState, err: CountError = exc, model: str = model) -> Outcome:
                     return decide_count_failed(
                         st,
-                        self.policy,
+                        default,
                         err,
                         model=model,
                         duration_ms=duration_ms,
@@ -403,7 +414,7 @@ class Tracker:
             session_id,
             lambda st: decide_measure(
                 st,
-                self.policy,
+                default,
                 _at_revision(m, raw_basis, st.revision, parsed),
                 now=self.clock(),
                 new_attempt_id=attempt_id,
@@ -427,9 +438,12 @@ class Tracker:
         basis: Basis | str | None = None,
         overhead_tokens: int | None = None,
         idempotency_key: str | None = None,
+        policy: Policy | None = None,
     ) -> Attempt:
-        """Open a manual attempt (regardless of pressure; at most one manual attempt open)."""
+        """Open a manual attempt (regardless of pressure; at most one manual attempt open).
+        ``policy``: the one a *new* session starts with (default: this Tracker's)."""
         check_session_id(session_id)
+        start_policy = self._start_policy(policy)
         if basis is not None:
             Basis.parse(basis, 1)  # validate before anything is written
         attempt_id = self.new_id()
@@ -437,7 +451,7 @@ class Tracker:
             session_id,
             lambda st: decide_manual(
                 st,
-                self.policy,
+                start_policy,
                 now=self.clock(),
                 new_attempt_id=attempt_id,
                 basis=Basis.parse(basis, st.revision) if basis is not None else None,

@@ -802,6 +802,9 @@ BAD_IDS: list[str] = [
 ]
 
 
+FLEET_WIDE = ("/v1/events", "/v1/sessions", "/v1/policy")  # no session in the path: the caller's own
+
+
 def _endpoints(s: str, attempt_id: str) -> list[tuple[str, str]]:
     base = f"/v1/sessions/{s}"
     return [
@@ -814,6 +817,7 @@ def _endpoints(s: str, attempt_id: str) -> list[tuple[str, str]]:
         ("GET", f"{base}/history"),
         ("GET", "/v1/events"),
         ("GET", "/v1/sessions"),
+        ("GET", "/v1/policy"),
     ]
 
 
@@ -848,7 +852,7 @@ def test_hostile_suite_other_fleets_ids(server, a, b):
         "reject": {"fencing_token": attempt["fencing_token"], "reject_reason": "x"},
     }
     for method, path in _endpoints(s, attempt["attempt_id"]):
-        if path.endswith("/observe") or path.endswith("/compactions") or path in ("/v1/events", "/v1/sessions"):
+        if path.endswith("/observe") or path.endswith("/compactions") or path in FLEET_WIDE:
             continue  # these act on the caller's own session of that name (or its own feed)
         body = bodies.get(path.rsplit("/", 1)[-1])
         with unchanged(server):
@@ -893,7 +897,7 @@ def test_hostile_suite_bad_query_strings_and_ids(server, a):
             CASES_TRIED.append(f"{method} {path} {params}")
     for bad in BAD_IDS:
         for method, path in _endpoints(bad, attempt["attempt_id"]):
-            if path in ("/v1/events", "/v1/sessions"):
+            if path in FLEET_WIDE:
                 continue
             with unchanged(server):
                 r = a.request(method, path, json={})

@@ -17,6 +17,7 @@ out of it.
     GET  /v1/sessions/{session_id}                                  the session's state (the fold of its log)
     GET  /v1/sessions/{session_id}/history                          its events (?from_version=&limit=)
     GET  /v1/events                                                 the fleet's events in global commit order (?after=&limit=)
+    GET  /v1/policy                                                 the policy the fleet's new sessions start with
     GET  /healthz                                                   the process is up
     GET  /readyz                                                    database reachable + schema current (+ Redis, + the read replica's lag, if configured)
     GET  /metrics                                                   Prometheus metrics
@@ -52,6 +53,7 @@ from tracker.http.schemas import (
     HistoryOut,
     ManualIn,
     ObserveIn,
+    PolicyOut,
     RejectIn,
     SessionsOut,
     SessionStateOut,
@@ -317,4 +319,25 @@ def events_feed(
     return {"events": page.events, "next_after": page.resume, "has_more": page.has_more}
 
 
-ROUTERS = (probes, sessions, compactions, events)
+# -- the fleet's policy -------------------------------------------------------------------------
+
+policies = APIRouter(prefix=API_PREFIX, tags=["policy"])
+
+
+@policies.get("/policy", response_model=PolicyOut, responses=responses())
+def fleet_policy(request: Request) -> dict[str, Any]:
+    """The policy this fleet's new sessions start with: its own (``tracker fleet policy``), else the
+    server's. A session keeps the policy it started with; a change reaches new sessions within
+    ``TRACKER_API_KEY_CACHE_S``."""
+    runtime, caller = runtime_of(request), caller_of(request)
+    current = runtime.fleets().current_policy(caller.fleet_id)
+    own = current["policy"]
+    return {
+        "source": "server" if own is None else "fleet",
+        "version": current["version"],
+        "changed_at": current["at"],
+        "policy": runtime.tracker().policy.to_data() if own is None else own,
+    }
+
+
+ROUTERS = (probes, sessions, compactions, events, policies)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -31,7 +32,7 @@ from tracker.metrics import decision_metrics
 from tracker.settings import Settings
 
 if TYPE_CHECKING:  # pragma: no cover
-    from tracker.core import Attempt, SessionState
+    from tracker.core import Attempt, Policy, SessionState
     from tracker.service import Result, Tracker
     from tracker.store.base import EventStore, SessionViews
     from tracker.store.fleets import FleetStore
@@ -221,16 +222,22 @@ class ReplicaGauges:
 
 
 class Commands:
-    """The Tracker's commands as the routes issue them (what they record is counted by its hooks)."""
+    """The Tracker's commands as the routes issue them (what they record is counted by its hooks).
 
-    def __init__(self, tracker: Tracker) -> None:
+    ``policy_of(fleet_id)``: the policy a fleet's new sessions start with (None: the Tracker's),
+    passed to the two commands that may start a session."""
+
+    def __init__(self, tracker: Tracker, policy_of: Callable[[str], Policy | None] | None = None) -> None:
         self._tracker = tracker
+        self._policy_of = policy_of or (lambda fleet_id: None)
 
     def observe(self, session_id: str, **kwargs: Any) -> Result:
-        return self._tracker.observe(session_id, **kwargs)
+        policy = self._policy_of(SessionScope.fleet_of(session_id))
+        return self._tracker.observe(session_id, policy=policy, **kwargs)
 
     def request_compaction(self, session_id: str, **kwargs: Any) -> Attempt:
-        return self._tracker.request_compaction(session_id, **kwargs)
+        policy = self._policy_of(SessionScope.fleet_of(session_id))
+        return self._tracker.request_compaction(session_id, policy=policy, **kwargs)
 
     def commit(
         self, session_id: str, attempt_id: str, fencing_token: int, tokens_after: int, **kwargs: Any
@@ -298,8 +305,12 @@ class Runtime:
     def commands(self) -> Commands:
         c = self._commands
         if c is None:
-            c = self._commands = Commands(self.tracker())
+            c = self._commands = Commands(self.tracker(), self.fleet_policy)
         return c
+
+    def fleet_policy(self, fleet_id: str) -> Policy | None:
+        """The policy ``fleet_id``'s new sessions start with; None: the Tracker's (cached, ``FleetStore.policy_of``)."""
+        return self.fleets().policy_of(fleet_id) if fleet_id else None
 
     def store(self) -> EventStore:
         """The read side's event store, for its log reads (``tracker.queries``: history, feed, the console):

@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model
 
-from tracker.core import Attempt, Decision, SessionState, check_text
+from tracker.core import Attempt, Decision, Policy, SessionState, check_text
 from tracker.core.model import FLEET_ID_LEN, JSON_SAFE_INT, MAX_SESSION_ID_LEN, Quality, SessionScope
 from tracker.core.state import LastMeasurement
 from tracker.store import StoredEvent
@@ -198,6 +198,20 @@ class WaitOut(BaseModel):
     outcome: str = Field(..., description="`committed` or `rejected:<reason>`")
     status: Literal["committed", "rejected"]
     reject_reason: str | None
+
+
+PolicyFieldsOut = view("PolicyFieldsOut", Policy, 'Every field of a compaction policy (behaviour.md "Policy").')
+
+
+class PolicyOut(BaseModel):
+    """The policy this fleet's new sessions start with (``GET /v1/policy``)."""
+
+    source: Literal["fleet", "server"] = Field(
+        ..., description="`fleet`: the fleet's own (`tracker fleet policy`); `server`: the server's (it has none)"
+    )
+    version: int = Field(..., description="the fleet policy's version (0: the fleet never had one)")
+    changed_at: str | None = Field(..., description="when that version was recorded (ISO 8601); null for version 0")
+    policy: PolicyFieldsOut  # type: ignore[valid-type]
 
 
 class ErrorBody(BaseModel):

@@ -10,8 +10,15 @@ random bytes (``secrets.token_urlsafe``). Only ``SHA-256(token)`` is stored; a
 token is checked by looking up its ``key_id`` and comparing the hashes with
 ``hmac.compare_digest``. A token is shown once, when it is created.
 
-Tables: ``fleets`` and ``api_keys`` in ``tracker.store.schema`` (migration
-``0002_fleets``); database errors go through ``tracker.store.errors.map_db_errors``.
+A fleet may have a **policy** of its own (behaviour.md "Per-fleet policy"): new sessions of the
+fleet start with it instead of the server's. Every change is a row of ``fleet_policy_events``
+(``version``, the complete policy -- NULL for "the server's" --, ``actor``, ``at``), only ever
+inserted: the newest version is in force, the rows are its history. A policy is validated by the
+core's ``Policy`` before anything is written (``InvalidPolicy`` naming the field).
+
+Tables: ``fleets``, ``api_keys`` and ``fleet_policy_events`` in ``tracker.store.schema``
+(migrations ``0002_fleets``, ``0007_fleet_policies``); database errors go through
+``tracker.store.errors.map_db_errors``.
 """
 
 from __future__ import annotations
@@ -22,16 +29,18 @@ import re
 import secrets
 import threading
 import time
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import exc as sa_exc
-from sqlalchemy import insert, select, update
+from sqlalchemy import func, insert, select, update
 
-from tracker.core.model import FLEET_ID_LEN
+from tracker.core.model import FLEET_ID_LEN, check_text
+from tracker.core.policy import Policy
 from tracker.errors import FleetExists, InvalidInput, StoreError, UnknownFleet, UnknownKey
 from tracker.store.errors import map_db_errors
-from tracker.store.schema import api_keys, fleets, operator_keys
+from tracker.store.schema import api_keys, fleet_policy_events, fleets, operator_keys
 
 __all__ = [
     "KEY_ID_LEN",
@@ -58,18 +67,63 @@ def _iso(value: datetime | None) -> str | None:
     return value.isoformat() if value is not None else None
 
 
+MAX_ACTOR_LEN = 200
+
+
+def _checked_policy(policy: Policy | Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The complete policy as stored (validated by the core's ``Policy``: ``InvalidPolicy`` naming the field)."""
+    if policy is None:
+        return None
+    if not isinstance(policy, Policy):
+        if not isinstance(policy, Mapping):
+            raise InvalidInput("policy", "must be a policy (an object of policy fields) or null")
+        policy = Policy.from_data(policy)
+    return policy.to_data()
+
+
+def _key_row(row: Any, **owner: Any) -> dict[str, Any]:
+    """A key's record as listed: its id, whose it is (``owner``), when made and revoked, whether valid."""
+    return {
+        "key_id": row.key_id,
+        **owner,
+        "created_at": _iso(row.created_at),
+        "revoked_at": _iso(row.revoked_at),
+        "active": row.revoked_at is None,
+    }
+
+
+def _policy_row(row: Any, fleet: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "fleet_id": fleet["fleet_id"],
+        "fleet": fleet["name"],
+        "version": row.version,
+        "policy": row.policy,
+        "actor": row.actor,
+        "at": _iso(row.at),
+    }
+
+
+def _checked_actor(actor: str | None) -> str:
+    """Who makes a policy change (the audit record's ``actor``): 1-200 characters of text."""
+    if actor is None or actor == "":
+        raise InvalidInput("actor", "is required: who makes the change")
+    return check_text("actor", actor, max_len=MAX_ACTOR_LEN)
+
+
 class FleetStore:
     """Fleets and keys on the event store's database (any SQLAlchemy engine of it).
 
     ``authenticate`` caches a *valid* key for ``cache_s`` seconds (default 1), so a
     revoked key is refused at most that long after ``revoke_key``; unknown, malformed
     and revoked tokens are never cached and always cost a lookup by primary key.
+    ``policy_of`` caches a fleet's policy as long.
     """
 
     def __init__(self, engine: Any, *, cache_s: float = 1.0) -> None:
         self.engine = engine
         self.cache_s = cache_s
         self._cache: dict[str, tuple[str, float]] = {}  # token hash -> (fleet_id, valid until)
+        self._policies: dict[str, tuple[Policy | None, float]] = {}  # fleet_id -> (its policy, valid until)
         self._lock = threading.Lock()
 
     def _run(self, what: str, fn: Any, write: bool = False) -> Any:
@@ -81,9 +135,15 @@ class FleetStore:
                 return fn(conn)
 
     # -- fleets ------------------------------------------------------------------------------
-    def create_fleet(self, name: str) -> dict[str, Any]:
+    def create_fleet(
+        self, name: str, policy: Policy | Mapping[str, Any] | None = None, *, actor: str | None = None
+    ) -> dict[str, Any]:
+        """A new fleet; with ``policy``, its first policy version (by ``actor``) in the same transaction."""
         if not isinstance(name, str) or not _FLEET_NAME.fullmatch(name):
             raise InvalidInput("name", "must be 1-100 characters of [A-Za-z0-9._-]")
+        stored = _checked_policy(policy)
+        if stored is not None:
+            actor = _checked_actor(actor)
         fleet_id = "f" + secrets.token_hex(5)[: FLEET_ID_LEN - 1]
         now = datetime.now(UTC)
 
@@ -91,6 +151,10 @@ class FleetStore:
             if conn.execute(select(fleets.c.fleet_id).where(fleets.c.name == name)).first() is not None:
                 raise FleetExists(f"a fleet named {name!r} already exists", name=name)
             conn.execute(insert(fleets).values(fleet_id=fleet_id, name=name, created_at=now))
+            if stored is not None:
+                conn.execute(
+                    insert(fleet_policy_events).values(fleet_id=fleet_id, version=1, policy=stored, actor=actor, at=now)
+                )
 
         try:
             self._run("create_fleet", do, write=True)
@@ -98,7 +162,7 @@ class FleetStore:
             if isinstance(exc.__cause__, sa_exc.IntegrityError):  # a concurrent create won the unique name
                 raise FleetExists(f"a fleet named {name!r} already exists", name=name) from exc
             raise
-        return {"fleet_id": fleet_id, "name": name, "created_at": now.isoformat()}
+        return {"fleet_id": fleet_id, "name": name, "created_at": now.isoformat(), "policy": stored}
 
     def list_fleets(self) -> list[dict[str, Any]]:
         def do(conn: Any) -> list[dict[str, Any]]:
@@ -133,22 +197,89 @@ class FleetStore:
             raise UnknownFleet(f"no fleet {fleet!r} (by id or name)", fleet=fleet)
         return {"fleet_id": row.fleet_id, "name": row.name, "created_at": _iso(row.created_at)}
 
+    # -- policies ----------------------------------------------------------------------------
+    def set_policy(self, fleet: str, policy: Policy | Mapping[str, Any] | None, *, actor: str | None) -> dict[str, Any]:
+        """Record the fleet's (id or name) new policy (None: the server's again) as its next version.
+        New sessions of the fleet start with it; sessions already started keep theirs."""
+        stored = _checked_policy(policy)
+        who = _checked_actor(actor)
+        f = self.get_fleet(fleet)
+        p = fleet_policy_events.c
+
+        def do(conn: Any) -> Any:
+            # the fleet's row locked (PostgreSQL; SQLite writes one at a time): its changes take turns
+            conn.execute(select(fleets.c.fleet_id).where(fleets.c.fleet_id == f["fleet_id"]).with_for_update())
+            last = conn.execute(select(func.max(p.version)).where(p.fleet_id == f["fleet_id"])).scalar()
+            version = (last or 0) + 1
+            now = datetime.now(UTC)
+            conn.execute(
+                insert(fleet_policy_events).values(
+                    fleet_id=f["fleet_id"], version=version, policy=stored, actor=who, at=now
+                )
+            )
+            return version, now
+
+        version, at = self._run("set_policy", do, write=True)
+        with self._lock:
+            self._policies.pop(f["fleet_id"], None)
+        return {
+            "fleet_id": f["fleet_id"],
+            "fleet": f["name"],
+            "version": version,
+            "policy": stored,
+            "actor": who,
+            "at": at.isoformat(),
+        }
+
+    def policy_history(self, fleet: str) -> list[dict[str, Any]]:
+        """Every version of the fleet's policy, oldest first (an empty list: it never had one)."""
+        f = self.get_fleet(fleet)
+        p = fleet_policy_events.c
+        stmt = select(fleet_policy_events).where(p.fleet_id == f["fleet_id"]).order_by(p.version)
+        return [_policy_row(r, f) for r in self._run("policy_history", lambda conn: conn.execute(stmt).all())]
+
+    def current_policy(self, fleet: str) -> dict[str, Any]:
+        """The fleet's policy in force: its newest version (``policy`` None, ``version`` 0: never set)."""
+        f = self.get_fleet(fleet)
+        row = self._newest_policy(f["fleet_id"])
+        if row is None:
+            return {
+                "fleet_id": f["fleet_id"],
+                "fleet": f["name"],
+                "version": 0,
+                "policy": None,
+                "actor": None,
+                "at": None,
+            }
+        return _policy_row(row, f)
+
+    def policy_of(self, fleet_id: str) -> Policy | None:
+        """The policy new sessions of ``fleet_id`` start with (None: the server's), cached ``cache_s``
+        seconds per process: a change reaches a server's new sessions at most that long after."""
+        now = time.monotonic()
+        with self._lock:
+            hit = self._policies.get(fleet_id)
+        if hit is not None and hit[1] > now:
+            return hit[0]
+        row = self._newest_policy(fleet_id)
+        policy = Policy.from_data(row.policy) if row is not None and row.policy is not None else None
+        if self.cache_s > 0:
+            with self._lock:
+                if len(self._policies) > 10_000:
+                    self._policies.clear()
+                self._policies[fleet_id] = (policy, now + self.cache_s)
+        return policy
+
+    def _newest_policy(self, fleet_id: str) -> Any:
+        p = fleet_policy_events.c
+        stmt = select(fleet_policy_events).where(p.fleet_id == fleet_id).order_by(p.version.desc()).limit(1)
+        return self._run("policy", lambda conn: conn.execute(stmt).first())
+
     # -- keys --------------------------------------------------------------------------------
     def create_key(self, fleet: str) -> tuple[dict[str, Any], str]:
         """A new key for the fleet (id or name): (its record, the token -- shown only now)."""
         f = self.get_fleet(fleet)
-        key_id = secrets.token_hex(KEY_ID_LEN // 2)
-        token = f"{TOKEN_PREFIX}{key_id}_{secrets.token_urlsafe(32)}"
-        now = datetime.now(UTC)
-        self._run(
-            "create_key",
-            lambda conn: conn.execute(
-                insert(api_keys).values(
-                    key_id=key_id, fleet_id=f["fleet_id"], token_hash=hash_token(token), created_at=now
-                )
-            ),
-            write=True,
-        )
+        key_id, token, now = self._mint("create_key", api_keys, TOKEN_PREFIX, fleet_id=f["fleet_id"])
         return {
             "key_id": key_id,
             "fleet_id": f["fleet_id"],
@@ -156,6 +287,15 @@ class FleetStore:
             "created_at": now.isoformat(),
             "revoked_at": None,
         }, token
+
+    def _mint(self, what: str, table: Any, prefix: str, **columns: Any) -> tuple[str, str, datetime]:
+        """A new key in ``table`` (its hash stored, with ``columns``): (its id, the token, when made)."""
+        key_id = secrets.token_hex(KEY_ID_LEN // 2)
+        token = f"{prefix}{key_id}_{secrets.token_urlsafe(32)}"
+        now = datetime.now(UTC)
+        row = dict(key_id=key_id, token_hash=hash_token(token), created_at=now, **columns)
+        self._run(what, lambda conn: conn.execute(insert(table).values(**row)), write=True)
+        return key_id, token, now
 
     def list_keys(self, fleet: str) -> list[dict[str, Any]]:
         f = self.get_fleet(fleet)
@@ -166,42 +306,37 @@ class FleetStore:
             .order_by(k.created_at, k.key_id)
         )
         rows = self._run("list_keys", lambda conn: conn.execute(stmt).all())
-        return [
-            {
-                "key_id": r.key_id,
-                "fleet_id": f["fleet_id"],
-                "fleet": f["name"],
-                "created_at": _iso(r.created_at),
-                "revoked_at": _iso(r.revoked_at),
-                "active": r.revoked_at is None,
-            }
-            for r in rows
-        ]
+        return [_key_row(r, fleet_id=f["fleet_id"], fleet=f["name"]) for r in rows]
 
     def revoke_key(self, key_id: str) -> dict[str, Any]:
         if not isinstance(key_id, str) or not _KEY_ID.fullmatch(key_id):
             raise InvalidInput("key_id", f"must be {KEY_ID_LEN} hex characters (see `tracker key list FLEET`)")
-        now = datetime.now(UTC)
         k = api_keys.c
-
-        def do(conn: Any) -> Any:
-            row = conn.execute(select(k.fleet_id, k.revoked_at).where(k.key_id == key_id)).first()
-            if row is None:
-                raise UnknownKey(f"no key {key_id}", key_id=key_id)
-            if row.revoked_at is None:
-                conn.execute(update(api_keys).where(k.key_id == key_id).values(revoked_at=now))
-                return row.fleet_id, now, False
-            return row.fleet_id, row.revoked_at, True
-
         if (
             self._run("revoke_key", lambda conn: conn.execute(select(k.key_id).where(k.key_id == key_id)).first())
             is None
         ):
             return self.revoke_operator_key(key_id)
-        fleet_id, revoked_at, already = self._run("revoke_key", do, write=True)
+        row, revoked_at, already = self._revoke("revoke_key", api_keys, key_id)
         with self._lock:
             self._cache.clear()
-        return {"key_id": key_id, "fleet_id": fleet_id, "revoked_at": _iso(revoked_at), "already_revoked": already}
+        return {"key_id": key_id, "fleet_id": row.fleet_id, "revoked_at": _iso(revoked_at), "already_revoked": already}
+
+    def _revoke(self, what: str, table: Any, key_id: str) -> tuple[Any, datetime, bool]:
+        """Revoke the key ``key_id`` of ``table`` unless it already is: (its row, when revoked, whether it already was)."""
+        now = datetime.now(UTC)
+        k = table.c
+
+        def do(conn: Any) -> Any:
+            row = conn.execute(select(table).where(k.key_id == key_id)).first()
+            if row is None:
+                raise UnknownKey(f"no key {key_id}", key_id=key_id)
+            if row.revoked_at is None:
+                conn.execute(update(table).where(k.key_id == key_id).values(revoked_at=now))
+                return row, now, False
+            return row, row.revoked_at, True
+
+        return self._run(what, do, write=True)
 
     def cached(self, token: str | None) -> str | None:
         """The fleet of a token validated less than ``cache_s`` ago, without any I/O (else None)."""
@@ -243,49 +378,19 @@ class FleetStore:
     def create_operator_key(self) -> tuple[dict[str, Any], str]:
         """A new operator key: (its record, the token -- shown only now). It signs in to the console
         and sees every fleet; the ``/v1`` API never accepts it."""
-        key_id = secrets.token_hex(KEY_ID_LEN // 2)
-        token = f"{OPERATOR_TOKEN_PREFIX}{key_id}_{secrets.token_urlsafe(32)}"
-        now = datetime.now(UTC)
-        self._run(
-            "create_operator_key",
-            lambda conn: conn.execute(
-                insert(operator_keys).values(key_id=key_id, token_hash=hash_token(token), created_at=now)
-            ),
-            write=True,
-        )
+        key_id, token, now = self._mint("create_operator_key", operator_keys, OPERATOR_TOKEN_PREFIX)
         return {"key_id": key_id, "operator": True, "created_at": now.isoformat(), "revoked_at": None}, token
 
     def list_operator_keys(self) -> list[dict[str, Any]]:
         k = operator_keys.c
         stmt = select(k.key_id, k.created_at, k.revoked_at).order_by(k.created_at, k.key_id)
         rows = self._run("list_operator_keys", lambda conn: conn.execute(stmt).all())
-        return [
-            {
-                "key_id": r.key_id,
-                "operator": True,
-                "created_at": _iso(r.created_at),
-                "revoked_at": _iso(r.revoked_at),
-                "active": r.revoked_at is None,
-            }
-            for r in rows
-        ]
+        return [_key_row(r, operator=True) for r in rows]
 
     def revoke_operator_key(self, key_id: str) -> dict[str, Any]:
         if not isinstance(key_id, str) or not _KEY_ID.fullmatch(key_id):
             raise InvalidInput("key_id", f"must be {KEY_ID_LEN} hex characters (see `tracker key list --operator`)")
-        now = datetime.now(UTC)
-        k = operator_keys.c
-
-        def do(conn: Any) -> Any:
-            row = conn.execute(select(k.revoked_at).where(k.key_id == key_id)).first()
-            if row is None:
-                raise UnknownKey(f"no key {key_id}", key_id=key_id)
-            if row.revoked_at is None:
-                conn.execute(update(operator_keys).where(k.key_id == key_id).values(revoked_at=now))
-                return now, False
-            return row.revoked_at, True
-
-        revoked_at, already = self._run("revoke_operator_key", do, write=True)
+        _, revoked_at, already = self._revoke("revoke_operator_key", operator_keys, key_id)
         return {"key_id": key_id, "operator": True, "revoked_at": _iso(revoked_at), "already_revoked": already}
 
     def console_identity(self, token: str | None) -> tuple[str, str | None, str] | None:

@@ -14,6 +14,8 @@ both backends. Change both together.
               ``created_at``, ``revoked_at`` (NULL while the key is valid).
 ``operator_keys``  console keys that see every fleet (``tracker key create --operator``):
               ``key_id``, ``token_hash``, ``created_at``, ``revoked_at`` (migration 0004).
+``fleet_policy_events``  each fleet's policy, append-only: ``(fleet_id, version)``, ``policy`` (JSON;
+              NULL: the server's), ``actor``, ``at``; the newest version is in force (migration 0007).
 """
 
 from __future__ import annotations
@@ -190,4 +192,15 @@ operator_keys = Table(
     Column("token_hash", String(64), nullable=False),
     Column("created_at", UTCDateTime(), nullable=False),
     Column("revoked_at", UTCDateTime(), nullable=True),
+)
+
+fleet_policy_events = Table(
+    "fleet_policy_events",
+    metadata,
+    Column("fleet_id", String(16), ForeignKey("fleets.fleet_id"), primary_key=True),
+    Column("version", Integer, primary_key=True),
+    Column("policy", json_type(), nullable=True),  # NULL: the server's policy (never set, or reset)
+    Column("actor", String(200), nullable=False),
+    Column("at", UTCDateTime(), nullable=False),
+    CheckConstraint("version >= 1", name="version_positive"),
 )
