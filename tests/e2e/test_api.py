@@ -477,8 +477,20 @@ def test_feed_pages_resumably_and_only_shows_the_callers_fleet(a, b):
                 return out, resume
             time.sleep(0.1)
 
-    _, start_a = read_feed(a, 0, 1000)
-    _, start_b = read_feed(b, 0, 1000)
+    def head_of(c: httpx.Client, mark: str) -> int:
+        """The feed's resume point once it shows everything written before now: a mark session is written
+        last and read until it shows (earlier events of the fleet may still be held back until then)."""
+        observe(c, mark, "mark", 10)
+        after, deadline = 0, time.monotonic() + 30
+        while True:
+            out, after = read_feed(c, after, 1000)
+            if any(e["session_id"] == mark for e in out):
+                return after
+            assert time.monotonic() < deadline, f"the mark {mark} never showed in the feed"
+            time.sleep(0.1)
+
+    start_a = head_of(a, sid("feed-a-mark"))
+    start_b = head_of(b, sid("feed-b-mark"))
     for i in range(5):
         observe(a, s_a, f"m{i}", 1000 + i)
         observe(b, s_b, f"m{i}", 1000 + i)

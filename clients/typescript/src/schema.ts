@@ -248,6 +248,28 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/policy": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Fleet Policy
+         * @description The policy this fleet's new sessions start with: its own (``tracker fleet policy``), else the
+         *     server's. A session keeps the policy it started with; a change reaches new sessions within
+         *     ``TRACKER_API_KEY_CACHE_S``.
+         */
+        get: operations["fleet_policy_v1_policy_get"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
 }
 export type webhooks = Record<string, never>;
 export interface components {
@@ -511,6 +533,55 @@ export interface components {
             overhead_tokens?: number | null;
             /** Idempotency Key */
             idempotency_key?: string | null;
+        };
+        /**
+         * PolicyFieldsOut
+         * @description Every field of a compaction policy (behaviour.md "Policy").
+         */
+        PolicyFieldsOut: {
+            /** Automatic */
+            automatic: boolean;
+            /** Compact At Bp */
+            compact_at_bp: number;
+            /** Rearm Below Bp */
+            rearm_below_bp: number;
+            /** Counter Policy */
+            counter_policy: string;
+            /** Reserved Output */
+            reserved_output: number;
+            /** Safety Margin */
+            safety_margin: number;
+            /** Count Timeout S */
+            count_timeout_s: number;
+            /** Turn Delta */
+            turn_delta: number | null;
+            /** Max Automatic Per Episode */
+            max_automatic_per_episode: number;
+            /** Attempt Lease S */
+            attempt_lease_s: number;
+        };
+        /**
+         * PolicyOut
+         * @description The policy this fleet's new sessions start with (``GET /v1/policy``).
+         */
+        PolicyOut: {
+            /**
+             * Source
+             * @description `fleet`: the fleet's own (`tracker fleet policy`); `server`: the server's (it has none)
+             * @enum {string}
+             */
+            source: "fleet" | "server";
+            /**
+             * Version
+             * @description the fleet policy's version (0: the fleet never had one)
+             */
+            version: number;
+            /**
+             * Changed At
+             * @description when that version was recorded (ISO 8601); null for version 0
+             */
+            changed_at: string | null;
+            policy: components["schemas"]["PolicyFieldsOut"];
         };
         /** RejectIn */
         RejectIn: {
@@ -1324,6 +1395,62 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["FeedOut"];
+                };
+            };
+            /** @description Unauthorized: `unauthorized` */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Request Entity Too Large: `payload_too_large` */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Unprocessable Entity: `invalid_input`, `invalid_policy`, `invalid_setting`, `invalid_session_id`, `count_failed`, `invalid_count_model`, `quality_mismatch`, `malformed_measurement`, `context_limit_unknown` */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Service Unavailable: `store_unavailable`, `schema_out_of_date` */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    fleet_policy_v1_policy_get: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["PolicyOut"];
                 };
             };
             /** @description Unauthorized: `unauthorized` */
