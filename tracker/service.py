@@ -49,16 +49,12 @@ from tracker.core import (
     decide_manual,
     decide_measure,
     decide_reject,
-    event_from_data,
     expire_leases,
 )
 from tracker.core.decide import Result
-from tracker.core.events import CompactionCommitted, CompactionRejected, ContextMeasured
+from tracker.core.events import CompactionCommitted, CompactionRejected
 from tracker.core.outcome import outcome as outcome_of
-from tracker.core.recorded import recorded_outcome, succeeded
-from tracker.core.state import fold
 from tracker.core.thresholds import resolve_threshold
-from tracker.counting.request import CanonicalRequest
 from tracker.errors import (
     ConcurrencyConflict,
     CountError,
@@ -71,6 +67,7 @@ from tracker.errors import (
     WaitTimeout,
 )
 from tracker.hooks import Hooks, TrackerHooks
+from tracker.idempotent import answer_from, recorded_answer, same_request
 from tracker.settings import Settings
 from tracker.store.base import AppendResult, EventStore, NewEvent
 
@@ -198,7 +195,7 @@ class Tracker:
         if idempotency_key is not None:
             check_text("idempotency_key", idempotency_key)  # before it reaches the database
             # A retried call (commit, reject, manual, observe) gets its original answer, not a new decision.
-            replay = self._recorded_answer(session_id, idempotency_key, op, decide)
+            replay = recorded_answer(self.store, session_id, idempotency_key, op, decide)
             if replay is not None:
                 return replay
         deadline = time.monotonic() + CONFLICT_RETRY_S
@@ -225,7 +222,7 @@ class Tracker:
                 result = self._append(session_id, state, outcome, idempotency_key)
             if result is not None:
                 if result.replayed:  # the same key, appended by a racing call: its answer
-                    return self._answer_from(session_id, result, op, decide), result.last_version
+                    return answer_from(self.store, session_id, result, op, decide), result.last_version
                 self.hooks.after_record(op, session_id, outcome)
                 if any(isinstance(e, (CompactionCommitted, CompactionRejected)) for e in outcome.events):
                     self.coordinator.attempt_ended(session_id)  # wakes long-polls (a hint; they re-read)
@@ -291,38 +288,6 @@ class Tracker:
         self._contended.pop(session_id)
         return False
 
-    def _recorded_answer(
-        self, session_id: str, idempotency_key: str, op: str, decide: Callable[[SessionState], Outcome] | None
-    ) -> tuple[Outcome, int] | None:
-        earlier = self.store.find_idempotent(session_id, idempotency_key)
-        if earlier is None:
-            return None
-        return self._answer_from(session_id, earlier, op, decide), earlier.last_version
-
-    def _answer_from(
-        self, session_id: str, result: Any, op: str, decide: Callable[[SessionState], Outcome] | None
-    ) -> Outcome:
-        """An idempotent retry: the original outcome, rebuilt from the events it recorded."""
-        before = fold(
-            (event_from_data(e.type, e.data) for e in self.store.read_stream(session_id, 1, result.first_version - 1)),
-            session_id,
-        )
-        events = [
-            event_from_data(e.type, e.data)
-            for e in self.store.read_stream(session_id, result.first_version, result.last_version)
-        ]
-        out = recorded_outcome(before, events, op)
-        if out.error is None and not succeeded(op, events) and decide is not None:
-            # The original call was refused after recording only side effects (an expired lease):
-            # its refusal is a pure function of the state it left, so decide it again, recording nothing.
-            try:
-                again = decide(out.state)
-            except TrackerError as exc:
-                again = dataclasses.replace(out, error=exc)
-            if again.error is not None:
-                out = dataclasses.replace(out, error=again.error)
-        return out
-
     def _start_policy(self, policy: Policy | None) -> Policy:
         """The policy a new session starts with: a per-call one (its fleet's, over HTTP), else this Tracker's."""
         if policy is None:
@@ -366,11 +331,11 @@ class Tracker:
             )
 
         if idempotency_key is not None:  # a retry: the original answer, before any (re)counting
-            replay = self._recorded_answer(session_id, idempotency_key, "observe", None)
+            replay = recorded_answer(self.store, session_id, idempotency_key, "observe", None)
             if replay is not None:
                 outcome, version = replay
                 given = dict(threshold=compaction_threshold, scope=scope, confidence=scope_confidence)
-                _same_request(outcome, measurement, request, basis, overhead=overhead_tokens, **given)
+                same_request(outcome, measurement, request, basis, overhead=overhead_tokens, **given)
                 if outcome.error is not None:
                     raise outcome.error
                 return Result(session_id=session_id, version=version, decision=_decision(outcome, session_id))
@@ -550,44 +515,6 @@ class Tracker:
                 self.expire(session_id)
                 continue
             return outcome, attempt.lease_expires_at if attempt is not None else None
-
-
-def _same_request(
-    outcome: Outcome,
-    measurement: Any,
-    request: Any,
-    basis: Any,
-    *,
-    threshold: Any,
-    scope: Any,
-    confidence: Any,
-    overhead: Any,
-) -> None:
-    """A key is bound to the whole call: reused with a different measurement or request, basis,
-    threshold, scope, confidence or overhead, it is refused, not answered with the old result."""
-    measured = next((e for e in outcome.events if isinstance(e, ContextMeasured)), None)
-    if measured is None:
-        return  # a refused or failed count: nothing to compare with
-    recorded = measured.measurement
-    revision = Basis.parse(recorded["basis"], 1).revision
-    if measurement is not None:
-        m = measurement if isinstance(measurement, Measurement) else Measurement.from_data(measurement, 1)
-        raw_basis = measurement.basis if isinstance(measurement, Measurement) else measurement["basis"]
-        given: tuple[Any, ...] = (m.input_tokens, m.input_limit, m.fingerprint, m.quality, m.model.to_data())
-        was: tuple[Any, ...] = tuple(
-            recorded.get(k) for k in ("input_tokens", "input_limit", "fingerprint", "quality", "model")
-        )
-    else:
-        raw_basis = basis
-        given, was = (CanonicalRequest.from_dict(request).fingerprint,), (recorded["fingerprint"],)
-    inputs = dict(compaction_threshold=threshold, scope=scope, scope_confidence=confidence, overhead_tokens=overhead)
-    same = (
-        given == was
-        and str(Basis.parse(raw_basis, revision)) == recorded["basis"]
-        and {k: v for k, v in inputs.items() if v is not None} == (measured.inputs or {})
-    )
-    if not same:
-        raise InvalidInput("idempotency_key", "was already used for a different call on this session")
 
 
 def _at_revision(m: Measurement, raw_basis: Any, revision: int, parsed: bool = False) -> Measurement:
