@@ -374,24 +374,21 @@ class Tracker:
 
                 self._record(session_id, failed, idempotency_key)
                 raise
-        attempt_id = self.new_id()
-        outcome, version = self._record(
+        outcome, version = self._record_opening(
             session_id,
-            lambda st: decide_measure(
+            lambda st, **at: decide_measure(
                 st,
                 default,
                 _at_revision(m, raw_basis, st.revision, parsed),
-                now=self.clock(),
-                new_attempt_id=attempt_id,
                 compaction_threshold=compaction_threshold,
                 scope=scope,
                 scope_confidence=scope_confidence,
                 overhead_tokens=overhead_tokens,
+                **at,
             ),
             idempotency_key,
+            op="observe",
         )
-        if outcome.error is not None:
-            raise outcome.error
         return Result(session_id=session_id, version=version, decision=_decision(outcome, session_id))
 
     # -- attempts --------------------------------------------------------------------------
@@ -411,22 +408,18 @@ class Tracker:
         start_policy = self._start_policy(policy)
         if basis is not None:
             Basis.parse(basis, 1)  # validate before anything is written
-        attempt_id = self.new_id()
-        outcome, _ = self._record(
+        outcome, _ = self._record_opening(
             session_id,
-            lambda st: decide_manual(
+            lambda st, **at: decide_manual(
                 st,
                 start_policy,
-                now=self.clock(),
-                new_attempt_id=attempt_id,
                 basis=Basis.parse(basis, st.revision) if basis is not None else None,
                 overhead_tokens=overhead_tokens,
+                **at,
             ),
             idempotency_key,
             op="manual",
         )
-        if outcome.error is not None:
-            raise outcome.error
         if outcome.attempt is None:  # a replayed refusal whose attempt has closed since
             raise ManualAttemptOpen("a manual attempt was already open when this call was first made")
         return outcome.attempt
@@ -461,6 +454,19 @@ class Tracker:
             decide_reject, attempt_id=attempt_id, fencing_token=fencing_token, reject_reason=reject_reason
         )
         return self._end_attempt(session_id, "reject", end, idempotency_key)
+
+    def _record_opening(
+        self, session_id: str, decide: Callable[..., Outcome], idempotency_key: str | None, op: str
+    ) -> tuple[Outcome, int]:
+        """``_record`` for an observe or a manual request: ``decide(state, now=..., new_attempt_id=...)``
+        (the attempt it may open has one new id, the same on every retry), its refusal raised after it."""
+        attempt_id = self.new_id()
+        outcome, version = self._record(
+            session_id, lambda st: decide(st, now=self.clock(), new_attempt_id=attempt_id), idempotency_key, op=op
+        )
+        if outcome.error is not None:
+            raise outcome.error
+        return outcome, version
 
     def _end_attempt(
         self, session_id: str, op: str, end: Callable[..., Outcome], idempotency_key: str | None
