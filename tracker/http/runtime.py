@@ -22,7 +22,7 @@ import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from tracker.core.model import SessionScope
 from tracker.errors import InvalidSetting, TrackerError
@@ -42,6 +42,7 @@ log = logging.getLogger("tracker.http")
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client's own variable, not a tracker setting
 GAUGES_TTL_S = 5.0  # fleet gauges are read from the store at most this often per process
+T = TypeVar("T")
 
 
 # -- metrics ------------------------------------------------------------------------------------
@@ -107,7 +108,37 @@ class Metrics:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
 
-class FleetGauges:
+class _ScrapedGauges(Generic[T]):
+    """Gauges of a reading taken at scrape time, at most every ``GAUGES_TTL_S`` (``_take`` takes it;
+    None when what it reads did not answer)."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self._runtime = runtime
+        self._lock = threading.Lock()
+        self._cached: tuple[float, T | None] | None = None
+
+    def describe(self) -> list[Any]:
+        return []  # collected on demand only: registering must not read the store
+
+    def read(self) -> T | None:
+        import time
+
+        with self._lock:
+            now = time.monotonic()
+            if self._cached is not None and now - self._cached[0] < GAUGES_TTL_S:
+                return self._cached[1]
+            try:
+                value = self._take()
+            except Exception:  # noqa: BLE001 - any failure to read means the store (or replica) is not up
+                value = None
+            self._cached = (now, value)
+            return value
+
+    def _take(self) -> T | None:  # pragma: no cover
+        raise NotImplementedError
+
+
+class FleetGauges(_ScrapedGauges[dict[str, Any]]):
     """Gauges per fleet, read from the store at scrape time (at most every ``GAUGES_TTL_S``).
 
     ``tracker_sessions{fleet,pressure}``, ``tracker_open_attempts{fleet}``,
@@ -116,30 +147,13 @@ class FleetGauges:
     sessions outside any fleet); pressures are the core's three.
     """
 
-    def __init__(self, runtime: Runtime) -> None:
-        self._runtime = runtime
-        self._lock = threading.Lock()
-        self._cached: tuple[float, dict[str, Any] | None] | None = None
-
-    def describe(self) -> list[Any]:
-        return []  # collected on demand only: registering must not read the store
-
-    def read(self) -> dict[str, Any] | None:
+    def _take(self) -> dict[str, Any]:
         import time
 
         from tracker.queries import fleet_gauges
 
-        with self._lock:
-            now = time.monotonic()
-            if self._cached is not None and now - self._cached[0] < GAUGES_TTL_S:
-                return self._cached[1]
-            try:
-                fleets = {f["fleet_id"]: f["name"] for f in self._runtime.fleets().list_fleets()}
-                data: dict[str, Any] | None = fleet_gauges(self._runtime.primary_views(), fleets, time.time())
-            except Exception:  # noqa: BLE001 - any failure to read means the store is not up
-                data = None
-            self._cached = (now, data)
-            return data
+        fleets = {f["fleet_id"]: f["name"] for f in self._runtime.fleets().list_fleets()}
+        return fleet_gauges(self._runtime.primary_views(), fleets, time.time())
 
     def collect(self) -> Any:
         from prometheus_client.core import GaugeMetricFamily
@@ -168,7 +182,7 @@ class FleetGauges:
         yield oldest
 
 
-class ReplicaGauges:
+class ReplicaGauges(_ScrapedGauges["ReplicaLag"]):
     """The read side's lag, measured at scrape time (at most every ``GAUGES_TTL_S``).
 
     ``tracker_read_replica_up`` (1 when the read side's database answered the probe),
@@ -177,27 +191,8 @@ class ReplicaGauges:
     ``TRACKER_READ_DATABASE_URL``; absent while the replica does not answer or the lag is not known yet).
     """
 
-    def __init__(self, runtime: Runtime) -> None:
-        self._runtime = runtime
-        self._lock = threading.Lock()
-        self._cached: tuple[float, ReplicaLag | None] | None = None
-
-    def describe(self) -> list[Any]:
-        return []  # collected on demand only: registering must not read the store
-
-    def read(self) -> ReplicaLag | None:
-        import time
-
-        with self._lock:
-            now = time.monotonic()
-            if self._cached is not None and now - self._cached[0] < GAUGES_TTL_S:
-                return self._cached[1]
-            try:
-                lag: ReplicaLag | None = self._runtime.replica_lag()
-            except Exception:  # noqa: BLE001 - any failure to measure means the replica is not up
-                lag = None
-            self._cached = (now, lag)
-            return lag
+    def _take(self) -> ReplicaLag | None:
+        return self._runtime.replica_lag()
 
     def collect(self) -> Any:
         from prometheus_client.core import GaugeMetricFamily
