@@ -22,7 +22,7 @@ import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from tracker.core.model import SessionScope
 from tracker.errors import InvalidSetting, TrackerError
@@ -284,17 +284,30 @@ class Runtime:
         self._lock = threading.Lock()
         self.waits = Waits(self.tracker, settings.api.max_waits_per_fleet, self.metrics.waits_open)
 
+    def _once(self, name: str, build: Callable[[], T]) -> T:
+        """The part held in ``self.<name>``, built by ``build()`` on first need: once, under the lock
+        (what ``build`` needs of the other parts is got before, outside it)."""
+        part = getattr(self, name)
+        if part is None:
+            with self._lock:
+                part = getattr(self, name)
+                if part is None:
+                    part = build()
+                    setattr(self, name, part)
+        return cast(T, part)
+
     def tracker(self) -> Tracker:
         t = self._tracker
         if t is None:
-            with self._lock:
-                if self._tracker is None:
-                    from tracker.bootstrap import build_hooks
-                    from tracker.service import Tracker
 
-                    hooks = build_hooks(self.settings, registry=self.metrics.registry)  # decisions on /metrics
-                    self._tracker = Tracker.from_settings(self.settings, hooks=hooks)
-                t = self._tracker
+            def build() -> Tracker:
+                from tracker.bootstrap import build_hooks
+                from tracker.service import Tracker
+
+                hooks = build_hooks(self.settings, registry=self.metrics.registry)  # decisions on /metrics
+                return Tracker.from_settings(self.settings, hooks=hooks)
+
+            t = self._once("_tracker", build)
         return t
 
     def commands(self) -> Commands:
@@ -314,26 +327,20 @@ class Runtime:
             return self.tracker().store
         r = self._read_store
         if r is None:
-            with self._lock:
-                if self._read_store is None:
-                    from tracker.bootstrap import build_read_store
-                    from tracker.core import SessionProjector
+            from tracker.bootstrap import build_read_store
+            from tracker.core import SessionProjector
 
-                    self._read_store = build_read_store(self.settings.store, projector=SessionProjector())
-                r = self._read_store
+            r = self._once("_read_store", lambda: build_read_store(self.settings.store, projector=SessionProjector()))
         return r
 
     def views(self) -> SessionViews:
         """The read side's views on the database of ``store()``: listings, the session page's reads."""
         v = self._views
         if v is None:
-            store = self.store()
-            with self._lock:
-                if self._views is None:
-                    from tracker.bootstrap import build_views
+            from tracker.bootstrap import build_views
 
-                    self._views = build_views(store)
-                v = self._views
+            store = self.store()
+            v = self._once("_views", lambda: build_views(store))
         return v
 
     def primary_views(self) -> SessionViews:
@@ -342,39 +349,30 @@ class Runtime:
             return self.views()
         v = self._primary_views
         if v is None:
-            store = self.tracker().store
-            with self._lock:
-                if self._primary_views is None:
-                    from tracker.bootstrap import build_views
+            from tracker.bootstrap import build_views
 
-                    self._primary_views = build_views(store)
-                v = self._primary_views
+            store = self.tracker().store
+            v = self._once("_primary_views", lambda: build_views(store))
         return v
 
     def replica_lag(self) -> ReplicaLag:
         """How far the read side's database is behind the primary (0 without a replica); typed errors."""
         probe = self._lag_probe
         if probe is None:
-            primary, read = self.tracker().store, self.store()
-            with self._lock:
-                if self._lag_probe is None:
-                    from tracker.bootstrap import build_lag_probe
+            from tracker.bootstrap import build_lag_probe
 
-                    self._lag_probe = build_lag_probe(primary, read)
-                probe = self._lag_probe
+            primary, read = self.tracker().store, self.store()
+            probe = self._once("_lag_probe", lambda: build_lag_probe(primary, read))
         return probe.measure()
 
     def fleets(self) -> FleetStore:
         """The fleets and their keys on the Tracker's database."""
         f = self._fleets
         if f is None:
-            store = self.tracker().store
-            with self._lock:
-                if self._fleets is None:
-                    from tracker.bootstrap import build_fleets
+            from tracker.bootstrap import build_fleets
 
-                    self._fleets = build_fleets(store, cache_s=self.settings.api.api_key_cache_s)
-                f = self._fleets
+            store = self.tracker().store
+            f = self._once("_fleets", lambda: build_fleets(store, cache_s=self.settings.api.api_key_cache_s))
         return f
 
     def fleets_if_ready(self) -> FleetStore | None:
@@ -435,14 +433,12 @@ class Runtime:
 
     def _redis_client(self) -> Any:
         if self._redis is None:
-            with self._lock:
-                if self._redis is None:
-                    from tracker.coordination import redis_client
+            from tracker.coordination import redis_client
 
-                    url = self.settings.coordination.redis_url
-                    if url is None:
-                        raise InvalidSetting("TRACKER_REDIS_URL", "is not set: there is no Redis to check")
-                    self._redis = redis_client(url, socket_timeout=1.0, connect_timeout=1.0)
+            url = self.settings.coordination.redis_url
+            if url is None:
+                raise InvalidSetting("TRACKER_REDIS_URL", "is not set: there is no Redis to check")
+            return self._once("_redis", lambda: redis_client(url, socket_timeout=1.0, connect_timeout=1.0))
         return self._redis
 
     def close(self) -> None:
