@@ -31,7 +31,7 @@ import json
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypedDict, Unpack
 
 from tracker.core import EVENT_TYPES, PRESSURES, DomainEvent, SessionProjector, SessionState, check_session_id
 from tracker.core.model import FLEET_ID_LEN
@@ -234,48 +234,63 @@ def check_pressure(pressure: str | None) -> None:
         raise InvalidInput("pressure", f"must be one of {', '.join(PRESSURES)}, got {pressure!r}")
 
 
-def list_sessions(
-    views: SessionViews,
-    *,
-    pressure: str | None = None,
-    since: datetime | None = None,
-    prefix: str | None = None,
-    limit: int | None = None,
-    external: External | None = None,
+class SessionFilters(TypedDict, total=False):
+    """What :func:`list_sessions` and :func:`iter_sessions` take (``Unpack[SessionFilters]``)."""
+
+    pressure: str | None  # one of PRESSURES
+    since: datetime | None  # active at or after this time
+    prefix: str | None  # only sessions whose id starts with it
+    limit: int | None  # at most this many rows
+    external: External | None  # the caller's ids of the rows' sessions
+
+
+def _check_filters(filters: SessionFilters) -> None:
+    unknown = sorted(set(filters) - set(SessionFilters.__annotations__))
+    if unknown:
+        raise TypeError(f"unexpected keyword argument {unknown[0]!r}")
+    check_pressure(filters.get("pressure"))
+
+
+def _listed(
+    views: SessionViews, filters: SessionFilters, want: int, after: tuple[datetime, str] | None = None
 ) -> list[dict[str, Any]]:
+    """One page of the listing (the rows as stored: ``external`` is for the caller)."""
+    return views.list_sessions(
+        pressure=filters.get("pressure"),
+        active_since=filters.get("since"),
+        limit=want,
+        session_prefix=filters.get("prefix"),
+        after=after,
+    )
+
+
+def list_sessions(views: SessionViews, **filters: Unpack[SessionFilters]) -> list[dict[str, Any]]:
     """Projection rows, most recently active first: pressure, occupancy, revision, open attempts, ...
 
     ``since``: active at or after this time; ``prefix``: only sessions whose id starts with it;
     ``limit``: at most this many rows (default 1000).
     """
-    check_pressure(pressure)
-    want = 1000 if limit is None else limit
-    rows = views.list_sessions(pressure=pressure, active_since=since, limit=want, session_prefix=prefix)
+    _check_filters(filters)
+    limit = filters.get("limit")
+    rows = _listed(views, filters, 1000 if limit is None else limit)
+    external = filters.get("external")
     if external is not None:
         rows = [{**r, "session_id": external(r["session_id"])} for r in rows]
     return rows
 
 
 def iter_sessions(
-    views: SessionViews,
-    *,
-    pressure: str | None = None,
-    since: datetime | None = None,
-    prefix: str | None = None,
-    limit: int | None = None,
-    external: External | None = None,
-    batch: int = 1000,
+    views: SessionViews, *, batch: int = 1000, **filters: Unpack[SessionFilters]
 ) -> Iterator[dict[str, Any]]:
     """The rows of :func:`list_sessions` (``limit`` None: all of them), fetched in keyset-paged
     batches, so a whole-list reader holds one batch at a time."""
-    check_pressure(pressure)
+    _check_filters(filters)
+    external = filters.get("external")
     after: tuple[datetime, str] | None = None
-    left = limit
+    left = filters.get("limit")
     while left is None or left > 0:
         want = batch if left is None else min(batch, left)
-        rows = views.list_sessions(
-            pressure=pressure, active_since=since, limit=want, session_prefix=prefix, after=after
-        )
+        rows = _listed(views, filters, want, after)
         for r in rows:
             yield {**r, "session_id": external(r["session_id"])} if external is not None else r
         if len(rows) < want:

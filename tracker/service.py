@@ -49,16 +49,12 @@ from tracker.core import (
     decide_manual,
     decide_measure,
     decide_reject,
-    event_from_data,
     expire_leases,
 )
 from tracker.core.decide import Result
-from tracker.core.events import CompactionCommitted, CompactionRejected, ContextMeasured
+from tracker.core.events import CompactionCommitted, CompactionRejected
 from tracker.core.outcome import outcome as outcome_of
-from tracker.core.recorded import recorded_outcome, succeeded
-from tracker.core.state import fold
 from tracker.core.thresholds import resolve_threshold
-from tracker.counting.request import CanonicalRequest
 from tracker.errors import (
     ConcurrencyConflict,
     CountError,
@@ -71,6 +67,7 @@ from tracker.errors import (
     WaitTimeout,
 )
 from tracker.hooks import Hooks, TrackerHooks
+from tracker.idempotent import answer_from, recorded_answer, same_request
 from tracker.settings import Settings
 from tracker.store.base import AppendResult, EventStore, NewEvent
 
@@ -198,7 +195,7 @@ class Tracker:
         if idempotency_key is not None:
             check_text("idempotency_key", idempotency_key)  # before it reaches the database
             # A retried call (commit, reject, manual, observe) gets its original answer, not a new decision.
-            replay = self._recorded_answer(session_id, idempotency_key, op, decide)
+            replay = recorded_answer(self.store, session_id, idempotency_key, op, decide)
             if replay is not None:
                 return replay
         deadline = time.monotonic() + CONFLICT_RETRY_S
@@ -225,7 +222,7 @@ class Tracker:
                 result = self._append(session_id, state, outcome, idempotency_key)
             if result is not None:
                 if result.replayed:  # the same key, appended by a racing call: its answer
-                    return self._answer_from(session_id, result, op, decide), result.last_version
+                    return answer_from(self.store, session_id, result, op, decide), result.last_version
                 self.hooks.after_record(op, session_id, outcome)
                 if any(isinstance(e, (CompactionCommitted, CompactionRejected)) for e in outcome.events):
                     self.coordinator.attempt_ended(session_id)  # wakes long-polls (a hint; they re-read)
@@ -291,38 +288,6 @@ class Tracker:
         self._contended.pop(session_id)
         return False
 
-    def _recorded_answer(
-        self, session_id: str, idempotency_key: str, op: str, decide: Callable[[SessionState], Outcome] | None
-    ) -> tuple[Outcome, int] | None:
-        earlier = self.store.find_idempotent(session_id, idempotency_key)
-        if earlier is None:
-            return None
-        return self._answer_from(session_id, earlier, op, decide), earlier.last_version
-
-    def _answer_from(
-        self, session_id: str, result: Any, op: str, decide: Callable[[SessionState], Outcome] | None
-    ) -> Outcome:
-        """An idempotent retry: the original outcome, rebuilt from the events it recorded."""
-        before = fold(
-            (event_from_data(e.type, e.data) for e in self.store.read_stream(session_id, 1, result.first_version - 1)),
-            session_id,
-        )
-        events = [
-            event_from_data(e.type, e.data)
-            for e in self.store.read_stream(session_id, result.first_version, result.last_version)
-        ]
-        out = recorded_outcome(before, events, op)
-        if out.error is None and not succeeded(op, events) and decide is not None:
-            # The original call was refused after recording only side effects (an expired lease):
-            # its refusal is a pure function of the state it left, so decide it again, recording nothing.
-            try:
-                again = decide(out.state)
-            except TrackerError as exc:
-                again = dataclasses.replace(out, error=exc)
-            if again.error is not None:
-                out = dataclasses.replace(out, error=again.error)
-        return out
-
     def _start_policy(self, policy: Policy | None) -> Policy:
         """The policy a new session starts with: a per-call one (its fleet's, over HTTP), else this Tracker's."""
         if policy is None:
@@ -366,11 +331,11 @@ class Tracker:
             )
 
         if idempotency_key is not None:  # a retry: the original answer, before any (re)counting
-            replay = self._recorded_answer(session_id, idempotency_key, "observe", None)
+            replay = recorded_answer(self.store, session_id, idempotency_key, "observe", None)
             if replay is not None:
                 outcome, version = replay
                 given = dict(threshold=compaction_threshold, scope=scope, confidence=scope_confidence)
-                _same_request(outcome, measurement, request, basis, overhead=overhead_tokens, **given)
+                same_request(outcome, measurement, request, basis, overhead=overhead_tokens, **given)
                 if outcome.error is not None:
                     raise outcome.error
                 return Result(session_id=session_id, version=version, decision=_decision(outcome, session_id))
@@ -409,24 +374,21 @@ class Tracker:
 
                 self._record(session_id, failed, idempotency_key)
                 raise
-        attempt_id = self.new_id()
-        outcome, version = self._record(
+        outcome, version = self._record_opening(
             session_id,
-            lambda st: decide_measure(
+            lambda st, **at: decide_measure(
                 st,
                 default,
                 _at_revision(m, raw_basis, st.revision, parsed),
-                now=self.clock(),
-                new_attempt_id=attempt_id,
                 compaction_threshold=compaction_threshold,
                 scope=scope,
                 scope_confidence=scope_confidence,
                 overhead_tokens=overhead_tokens,
+                **at,
             ),
             idempotency_key,
+            op="observe",
         )
-        if outcome.error is not None:
-            raise outcome.error
         return Result(session_id=session_id, version=version, decision=_decision(outcome, session_id))
 
     # -- attempts --------------------------------------------------------------------------
@@ -446,22 +408,18 @@ class Tracker:
         start_policy = self._start_policy(policy)
         if basis is not None:
             Basis.parse(basis, 1)  # validate before anything is written
-        attempt_id = self.new_id()
-        outcome, _ = self._record(
+        outcome, _ = self._record_opening(
             session_id,
-            lambda st: decide_manual(
+            lambda st, **at: decide_manual(
                 st,
                 start_policy,
-                now=self.clock(),
-                new_attempt_id=attempt_id,
                 basis=Basis.parse(basis, st.revision) if basis is not None else None,
                 overhead_tokens=overhead_tokens,
+                **at,
             ),
             idempotency_key,
             op="manual",
         )
-        if outcome.error is not None:
-            raise outcome.error
         if outcome.attempt is None:  # a replayed refusal whose attempt has closed since
             raise ManualAttemptOpen("a manual attempt was already open when this call was first made")
         return outcome.attempt
@@ -496,6 +454,19 @@ class Tracker:
             decide_reject, attempt_id=attempt_id, fencing_token=fencing_token, reject_reason=reject_reason
         )
         return self._end_attempt(session_id, "reject", end, idempotency_key)
+
+    def _record_opening(
+        self, session_id: str, decide: Callable[..., Outcome], idempotency_key: str | None, op: str
+    ) -> tuple[Outcome, int]:
+        """``_record`` for an observe or a manual request: ``decide(state, now=..., new_attempt_id=...)``
+        (the attempt it may open has one new id, the same on every retry), its refusal raised after it."""
+        attempt_id = self.new_id()
+        outcome, version = self._record(
+            session_id, lambda st: decide(st, now=self.clock(), new_attempt_id=attempt_id), idempotency_key, op=op
+        )
+        if outcome.error is not None:
+            raise outcome.error
+        return outcome, version
 
     def _end_attempt(
         self, session_id: str, op: str, end: Callable[..., Outcome], idempotency_key: str | None
@@ -550,44 +521,6 @@ class Tracker:
                 self.expire(session_id)
                 continue
             return outcome, attempt.lease_expires_at if attempt is not None else None
-
-
-def _same_request(
-    outcome: Outcome,
-    measurement: Any,
-    request: Any,
-    basis: Any,
-    *,
-    threshold: Any,
-    scope: Any,
-    confidence: Any,
-    overhead: Any,
-) -> None:
-    """A key is bound to the whole call: reused with a different measurement or request, basis,
-    threshold, scope, confidence or overhead, it is refused, not answered with the old result."""
-    measured = next((e for e in outcome.events if isinstance(e, ContextMeasured)), None)
-    if measured is None:
-        return  # a refused or failed count: nothing to compare with
-    recorded = measured.measurement
-    revision = Basis.parse(recorded["basis"], 1).revision
-    if measurement is not None:
-        m = measurement if isinstance(measurement, Measurement) else Measurement.from_data(measurement, 1)
-        raw_basis = measurement.basis if isinstance(measurement, Measurement) else measurement["basis"]
-        given: tuple[Any, ...] = (m.input_tokens, m.input_limit, m.fingerprint, m.quality, m.model.to_data())
-        was: tuple[Any, ...] = tuple(
-            recorded.get(k) for k in ("input_tokens", "input_limit", "fingerprint", "quality", "model")
-        )
-    else:
-        raw_basis = basis
-        given, was = (CanonicalRequest.from_dict(request).fingerprint,), (recorded["fingerprint"],)
-    inputs = dict(compaction_threshold=threshold, scope=scope, scope_confidence=confidence, overhead_tokens=overhead)
-    same = (
-        given == was
-        and str(Basis.parse(raw_basis, revision)) == recorded["basis"]
-        and {k: v for k, v in inputs.items() if v is not None} == (measured.inputs or {})
-    )
-    if not same:
-        raise InvalidInput("idempotency_key", "was already used for a different call on this session")
 
 
 def _at_revision(m: Measurement, raw_basis: Any, revision: int, parsed: bool = False) -> Measurement:

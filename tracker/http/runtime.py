@@ -22,7 +22,7 @@ import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from tracker.core.model import SessionScope
 from tracker.errors import InvalidSetting, TrackerError
@@ -42,6 +42,7 @@ log = logging.getLogger("tracker.http")
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client's own variable, not a tracker setting
 GAUGES_TTL_S = 5.0  # fleet gauges are read from the store at most this often per process
+T = TypeVar("T")
 
 
 # -- metrics ------------------------------------------------------------------------------------
@@ -107,7 +108,37 @@ class Metrics:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
 
-class FleetGauges:
+class _ScrapedGauges(Generic[T]):
+    """Gauges of a reading taken at scrape time, at most every ``GAUGES_TTL_S`` (``_take`` takes it;
+    None when what it reads did not answer)."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self._runtime = runtime
+        self._lock = threading.Lock()
+        self._cached: tuple[float, T | None] | None = None
+
+    def describe(self) -> list[Any]:
+        return []  # collected on demand only: registering must not read the store
+
+    def read(self) -> T | None:
+        import time
+
+        with self._lock:
+            now = time.monotonic()
+            if self._cached is not None and now - self._cached[0] < GAUGES_TTL_S:
+                return self._cached[1]
+            try:
+                value = self._take()
+            except Exception:  # noqa: BLE001 - any failure to read means the store (or replica) is not up
+                value = None
+            self._cached = (now, value)
+            return value
+
+    def _take(self) -> T | None:  # pragma: no cover
+        raise NotImplementedError
+
+
+class FleetGauges(_ScrapedGauges[dict[str, Any]]):
     """Gauges per fleet, read from the store at scrape time (at most every ``GAUGES_TTL_S``).
 
     ``tracker_sessions{fleet,pressure}``, ``tracker_open_attempts{fleet}``,
@@ -116,30 +147,13 @@ class FleetGauges:
     sessions outside any fleet); pressures are the core's three.
     """
 
-    def __init__(self, runtime: Runtime) -> None:
-        self._runtime = runtime
-        self._lock = threading.Lock()
-        self._cached: tuple[float, dict[str, Any] | None] | None = None
-
-    def describe(self) -> list[Any]:
-        return []  # collected on demand only: registering must not read the store
-
-    def read(self) -> dict[str, Any] | None:
+    def _take(self) -> dict[str, Any]:
         import time
 
         from tracker.queries import fleet_gauges
 
-        with self._lock:
-            now = time.monotonic()
-            if self._cached is not None and now - self._cached[0] < GAUGES_TTL_S:
-                return self._cached[1]
-            try:
-                fleets = {f["fleet_id"]: f["name"] for f in self._runtime.fleets().list_fleets()}
-                data: dict[str, Any] | None = fleet_gauges(self._runtime.primary_views(), fleets, time.time())
-            except Exception:  # noqa: BLE001 - any failure to read means the store is not up
-                data = None
-            self._cached = (now, data)
-            return data
+        fleets = {f["fleet_id"]: f["name"] for f in self._runtime.fleets().list_fleets()}
+        return fleet_gauges(self._runtime.primary_views(), fleets, time.time())
 
     def collect(self) -> Any:
         from prometheus_client.core import GaugeMetricFamily
@@ -168,7 +182,7 @@ class FleetGauges:
         yield oldest
 
 
-class ReplicaGauges:
+class ReplicaGauges(_ScrapedGauges["ReplicaLag"]):
     """The read side's lag, measured at scrape time (at most every ``GAUGES_TTL_S``).
 
     ``tracker_read_replica_up`` (1 when the read side's database answered the probe),
@@ -177,27 +191,8 @@ class ReplicaGauges:
     ``TRACKER_READ_DATABASE_URL``; absent while the replica does not answer or the lag is not known yet).
     """
 
-    def __init__(self, runtime: Runtime) -> None:
-        self._runtime = runtime
-        self._lock = threading.Lock()
-        self._cached: tuple[float, ReplicaLag | None] | None = None
-
-    def describe(self) -> list[Any]:
-        return []  # collected on demand only: registering must not read the store
-
-    def read(self) -> ReplicaLag | None:
-        import time
-
-        with self._lock:
-            now = time.monotonic()
-            if self._cached is not None and now - self._cached[0] < GAUGES_TTL_S:
-                return self._cached[1]
-            try:
-                lag: ReplicaLag | None = self._runtime.replica_lag()
-            except Exception:  # noqa: BLE001 - any failure to measure means the replica is not up
-                lag = None
-            self._cached = (now, lag)
-            return lag
+    def _take(self) -> ReplicaLag | None:
+        return self._runtime.replica_lag()
 
     def collect(self) -> Any:
         from prometheus_client.core import GaugeMetricFamily
@@ -289,17 +284,30 @@ class Runtime:
         self._lock = threading.Lock()
         self.waits = Waits(self.tracker, settings.api.max_waits_per_fleet, self.metrics.waits_open)
 
+    def _once(self, name: str, build: Callable[[], T]) -> T:
+        """The part held in ``self.<name>``, built by ``build()`` on first need: once, under the lock
+        (what ``build`` needs of the other parts is got before, outside it)."""
+        part = getattr(self, name)
+        if part is None:
+            with self._lock:
+                part = getattr(self, name)
+                if part is None:
+                    part = build()
+                    setattr(self, name, part)
+        return cast(T, part)
+
     def tracker(self) -> Tracker:
         t = self._tracker
         if t is None:
-            with self._lock:
-                if self._tracker is None:
-                    from tracker.bootstrap import build_hooks
-                    from tracker.service import Tracker
 
-                    hooks = build_hooks(self.settings, registry=self.metrics.registry)  # decisions on /metrics
-                    self._tracker = Tracker.from_settings(self.settings, hooks=hooks)
-                t = self._tracker
+            def build() -> Tracker:
+                from tracker.bootstrap import build_hooks
+                from tracker.service import Tracker
+
+                hooks = build_hooks(self.settings, registry=self.metrics.registry)  # decisions on /metrics
+                return Tracker.from_settings(self.settings, hooks=hooks)
+
+            t = self._once("_tracker", build)
         return t
 
     def commands(self) -> Commands:
@@ -319,26 +327,20 @@ class Runtime:
             return self.tracker().store
         r = self._read_store
         if r is None:
-            with self._lock:
-                if self._read_store is None:
-                    from tracker.bootstrap import build_read_store
-                    from tracker.core import SessionProjector
+            from tracker.bootstrap import build_read_store
+            from tracker.core import SessionProjector
 
-                    self._read_store = build_read_store(self.settings.store, projector=SessionProjector())
-                r = self._read_store
+            r = self._once("_read_store", lambda: build_read_store(self.settings.store, projector=SessionProjector()))
         return r
 
     def views(self) -> SessionViews:
         """The read side's views on the database of ``store()``: listings, the session page's reads."""
         v = self._views
         if v is None:
-            store = self.store()
-            with self._lock:
-                if self._views is None:
-                    from tracker.bootstrap import build_views
+            from tracker.bootstrap import build_views
 
-                    self._views = build_views(store)
-                v = self._views
+            store = self.store()
+            v = self._once("_views", lambda: build_views(store))
         return v
 
     def primary_views(self) -> SessionViews:
@@ -347,39 +349,30 @@ class Runtime:
             return self.views()
         v = self._primary_views
         if v is None:
-            store = self.tracker().store
-            with self._lock:
-                if self._primary_views is None:
-                    from tracker.bootstrap import build_views
+            from tracker.bootstrap import build_views
 
-                    self._primary_views = build_views(store)
-                v = self._primary_views
+            store = self.tracker().store
+            v = self._once("_primary_views", lambda: build_views(store))
         return v
 
     def replica_lag(self) -> ReplicaLag:
         """How far the read side's database is behind the primary (0 without a replica); typed errors."""
         probe = self._lag_probe
         if probe is None:
-            primary, read = self.tracker().store, self.store()
-            with self._lock:
-                if self._lag_probe is None:
-                    from tracker.bootstrap import build_lag_probe
+            from tracker.bootstrap import build_lag_probe
 
-                    self._lag_probe = build_lag_probe(primary, read)
-                probe = self._lag_probe
+            primary, read = self.tracker().store, self.store()
+            probe = self._once("_lag_probe", lambda: build_lag_probe(primary, read))
         return probe.measure()
 
     def fleets(self) -> FleetStore:
         """The fleets and their keys on the Tracker's database."""
         f = self._fleets
         if f is None:
-            store = self.tracker().store
-            with self._lock:
-                if self._fleets is None:
-                    from tracker.bootstrap import build_fleets
+            from tracker.bootstrap import build_fleets
 
-                    self._fleets = build_fleets(store, cache_s=self.settings.api.api_key_cache_s)
-                f = self._fleets
+            store = self.tracker().store
+            f = self._once("_fleets", lambda: build_fleets(store, cache_s=self.settings.api.api_key_cache_s))
         return f
 
     def fleets_if_ready(self) -> FleetStore | None:
@@ -440,14 +433,12 @@ class Runtime:
 
     def _redis_client(self) -> Any:
         if self._redis is None:
-            with self._lock:
-                if self._redis is None:
-                    from tracker.coordination import redis_client
+            from tracker.coordination import redis_client
 
-                    url = self.settings.coordination.redis_url
-                    if url is None:
-                        raise InvalidSetting("TRACKER_REDIS_URL", "is not set: there is no Redis to check")
-                    self._redis = redis_client(url, socket_timeout=1.0, connect_timeout=1.0)
+            url = self.settings.coordination.redis_url
+            if url is None:
+                raise InvalidSetting("TRACKER_REDIS_URL", "is not set: there is no Redis to check")
+            return self._once("_redis", lambda: redis_client(url, socket_timeout=1.0, connect_timeout=1.0))
         return self._redis
 
     def close(self) -> None:
