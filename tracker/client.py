@@ -29,7 +29,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Generic, TypeVar, Unpack
+from typing import Any, Generic, Literal, TypeVar, Unpack
 from urllib.parse import quote
 
 import httpx
@@ -37,6 +37,7 @@ import httpx
 from tracker.core.decide import Result
 from tracker.core.model import Measurement
 from tracker.core.outcome import Decision
+from tracker.core.policy import Policy
 from tracker.core.state import Attempt, SessionState
 from tracker.errors import CountTimeout, InvalidInput, StoreUnavailable, TrackerError, WaitTimeout, error_from_dict
 from tracker.protocol import CompactionOptions, ObserveOptions, unexpected
@@ -47,7 +48,7 @@ MAX_WAIT_PER_REQUEST_S = 30.0
 RETRY_STATUSES = frozenset({502, 503, 504})
 HISTORY_PAGE = 500
 
-__all__ = ["AsyncTrackerClient", "TrackerClient"]
+__all__ = ["AsyncTrackerClient", "FleetPolicy", "TrackerClient"]
 
 
 # -- what both clients share: requests as data, answers as the Tracker's types ------------------
@@ -206,6 +207,36 @@ def _history_call(session_id: str, version: int) -> _Call:
 
 def _sessions_call(params: dict[str, Any]) -> _Call:
     return _Call("GET", _path("sessions"), lambda d: d, params=params)
+
+
+@dataclass(frozen=True)
+class FleetPolicy:
+    """The policy the caller's fleet's new sessions start with (``GET /v1/policy``).
+
+    ``source``: ``"fleet"`` (the fleet's own, set with ``tracker fleet policy``) or ``"server"``
+    (the fleet has none: the server's); ``version``: the fleet policy's version (``0``: the fleet
+    never had one); ``changed_at``: when that version was recorded (``None`` for version 0);
+    ``policy``: the policy itself, as the core's ``Policy``.
+    """
+
+    source: Literal["fleet", "server"]
+    version: int
+    changed_at: datetime | None
+    policy: Policy
+
+    @classmethod
+    def from_data(cls, data: dict[str, Any]) -> FleetPolicy:
+        changed_at = data.get("changed_at")
+        return cls(
+            source=data["source"],
+            version=data["version"],
+            changed_at=datetime.fromisoformat(changed_at) if changed_at is not None else None,
+            policy=Policy.from_data(data["policy"]),
+        )
+
+
+def _policy_call() -> _Call:
+    return _Call("GET", _path("policy"), FleetPolicy.from_data)
 
 
 class _Waiting:
@@ -398,6 +429,16 @@ class TrackerClient(_Base[httpx.BaseTransport]):
         while (call := pages.next_call()) is not None:
             yield from pages.rows(self._run(call))
 
+    def policy(self) -> FleetPolicy:
+        """The policy this key's fleet's new sessions start with (``GET /v1/policy``): the fleet's
+        own, else the server's. Retried like every read. A session keeps the policy it started with;
+        a change reaches new sessions within the server's ``TRACKER_API_KEY_CACHE_S``.
+
+        Client-only: not part of ``TrackerProtocol``, since an embedded ``Tracker`` has no fleet
+        (its policy is ``Tracker.policy``).
+        """
+        return self._run(_policy_call())
+
 
 class AsyncTrackerClient(_Base[httpx.AsyncBaseTransport]):
     """A ``Tracker`` over HTTP for asyncio code: the same methods, awaited."""
@@ -481,3 +522,10 @@ class AsyncTrackerClient(_Base[httpx.AsyncBaseTransport]):
         while (call := pages.next_call()) is not None:
             for row in pages.rows(await self._run(call)):
                 yield row
+
+    async def policy(self) -> FleetPolicy:
+        """The policy this key's fleet's new sessions start with (see ``TrackerClient.policy``).
+
+        Client-only: not part of ``TrackerProtocol``, since an embedded ``Tracker`` has no fleet.
+        """
+        return await self._run(_policy_call())

@@ -259,7 +259,14 @@ class Flaky(http.server.BaseHTTPRequestHandler):
     def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         Flaky.seen.append(body)
-        status, answer = Flaky.script.pop(0) if Flaky.script else (200, OBSERVED)
+        self._answer(*(Flaky.script.pop(0) if Flaky.script else (200, OBSERVED)))
+
+    def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+        """A read: the first ``fail`` answers scripted, then the server's policy (``GET /v1/policy``)."""
+        Flaky.seen.append({"path": self.path})
+        self._answer(*(Flaky.script.pop(0) if Flaky.script else (200, SERVER_POLICY)))
+
+    def _answer(self, status: int, answer: dict[str, Any]) -> None:
         data = json.dumps(answer).encode()
         self.send_response(status)
         self.send_header("content-type", "application/json")
@@ -290,6 +297,7 @@ OBSERVED = {
     "attempt": None,
     "waiting_on": None,
 }
+SERVER_POLICY = {"source": "server", "version": 0, "changed_at": None, "policy": {"compact_at_bp": 7000}}
 UNAVAILABLE = {"code": "store_unavailable", "error": "StoreUnavailable", "message": "database down"}
 
 
@@ -331,6 +339,30 @@ def test_a_recorded_count_timeout_and_a_refusal_are_not_retried(flaky):
     with TrackerClient(flaky, "t", backoff_s=0.01) as c, pytest.raises(ContextLimitError) as exc:
         c.observe("s", measurement=m("r1:a", LIMIT))
     assert exc.value.details["input_limit"] == LIMIT and len(Flaky.seen) == 1
+
+
+def test_the_policy_read_is_retried_as_every_read(flaky):
+    from tracker.client import FleetPolicy
+    from tracker.core import Policy
+
+    server_policy = FleetPolicy(source="server", version=0, changed_at=None, policy=Policy(compact_at_bp=7000))
+    Flaky.script = [(503, UNAVAILABLE), (502, {})]
+    with TrackerClient(flaky, "t", backoff_s=0.01) as c:
+        assert c.policy() == server_policy
+    assert Flaky.seen == [{"path": "/v1/policy"}] * 3
+    Flaky.seen.clear()
+    Flaky.script = [(503, UNAVAILABLE)]
+
+    async def remote() -> FleetPolicy:
+        async with AsyncTrackerClient(flaky, "t", backoff_s=0.01) as c:
+            return await c.policy()
+
+    assert asyncio.run(remote()) == server_policy and len(Flaky.seen) == 2
+    Flaky.seen.clear()
+    Flaky.script = [(503, UNAVAILABLE)] * 2
+    with TrackerClient(flaky, "t", retries=1, backoff_s=0.01) as c, pytest.raises(StoreUnavailable):
+        c.policy()
+    assert len(Flaky.seen) == 2
 
 
 def test_connection_refused_is_retried_then_store_unavailable():

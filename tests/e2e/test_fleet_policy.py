@@ -262,3 +262,43 @@ def test_a_server_caches_a_fleet_policy_at_most_the_key_cache_time(cli):
             while observe(c, sid(), "m1", 70_000)["action"] == "compact":
                 assert time.monotonic() < deadline, "the change never reached new sessions"
                 time.sleep(0.2)
+
+
+def test_the_clients_read_the_fleet_policy_as_the_core_policy(server, cli):
+    """``TrackerClient.policy()`` / ``AsyncTrackerClient.policy()``: a fleet with its own, one without, a bad key."""
+    import asyncio
+
+    from tracker.client import AsyncTrackerClient, FleetPolicy, TrackerClient
+    from tracker.core import Policy
+    from tracker.errors import Unauthorized
+
+    before = datetime.now(UTC) - timedelta(seconds=5)
+    fleet, token = new_fleet(cli, "--compact-at", "6500", "--rearm-below", "3000", "--turn-delta", "0.25")
+    with TrackerClient(server.url, token) as own, TrackerClient(server.url, server.token_a) as plain:
+        mine = own.policy()
+        assert isinstance(mine, FleetPolicy) and isinstance(mine.policy, Policy)
+        assert mine.source == "fleet" and mine.version == 1
+        assert mine.changed_at is not None and before <= mine.changed_at <= datetime.now(UTC) + timedelta(seconds=5)
+        assert mine.policy == Policy(compact_at_bp=6500, rearm_below_bp=3000, turn_delta=0.25)
+        theirs = plain.policy()
+        assert theirs == FleetPolicy(source="server", version=0, changed_at=None, policy=Policy())
+        cli.run("fleet", "policy", fleet["name"], "--compact-at", "6000")
+        now = own.policy()
+        assert now.version == 2 and now.policy.compact_at_bp == 6000 and now.policy.rearm_below_bp == 3000
+        assert now.changed_at is not None and mine.changed_at <= now.changed_at
+    with TrackerClient(server.url, "not-a-key", backoff_s=0.01) as bad, pytest.raises(Unauthorized):
+        bad.policy()
+
+    async def remote() -> tuple[FleetPolicy, FleetPolicy]:
+        async with (
+            AsyncTrackerClient(server.url, token) as own,
+            AsyncTrackerClient(server.url, server.token_a) as plain,
+        ):
+            got = await own.policy(), await plain.policy()
+        async with AsyncTrackerClient(server.url, "not-a-key", backoff_s=0.01) as bad:
+            with pytest.raises(Unauthorized):
+                await bad.policy()
+        return got
+
+    mine_async, theirs_async = asyncio.run(remote())
+    assert mine_async == now and theirs_async == theirs

@@ -43,6 +43,8 @@ export type HistoryPage = Schemas["HistoryOut"];
 export type StoredEvent = Schemas["EventOut"];
 export type SessionsPage = Schemas["SessionsOut"];
 export type SessionRow = Schemas["SessionRowOut"];
+export type FleetPolicy = Schemas["PolicyOut"];
+export type PolicyFields = Schemas["PolicyFieldsOut"];
 export type Pressure = "normal" | "compact" | "hard_limit";
 
 export const API_PREFIX = "/v1";
@@ -357,6 +359,15 @@ export class TrackerClient {
       if (!page.next_cursor) return;
       cursor = page.next_cursor;
     }
+  }
+
+  /**
+   * The policy this key's fleet's new sessions start with: the fleet's own (`source: "fleet"`, set
+   * with `tracker fleet policy`), else the server's (`source: "server"`, `version` 0,
+   * `changed_at` null). A session keeps the policy it started with. Retried like every read.
+   */
+  async policy(): Promise<FleetPolicy> {
+    return this.#run({ method: "GET", path: path("policy") });
   }
 }
 

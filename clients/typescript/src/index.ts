@@ -1,7 +1,7 @@
 /**
  * @context-tracker/client: the Context Tracker's HTTP API for TypeScript.
  *
- * - {@link TrackerClient}: observe, requestCompaction, commit, reject, wait, state, sessions, history
+ * - {@link TrackerClient}: observe, requestCompaction, commit, reject, wait, state, sessions, history, policy
  * - typed errors, one class per error code (`ContextLimitError`, `StaleBasis`, `WaitTimeout`, ...)
  * - the canonical request form and the basis digest (docs/canonical-request.md)
  *

@@ -2,6 +2,7 @@
 // the whole lifecycle, typed errors by class and code, bad input refused before any request with the
 // server's own code and field, and the retry rules against fake HTTP servers on loopback.
 import assert from "node:assert/strict";
+import { execFile } from "node:child_process";
 import { randomUUID } from "node:crypto";
 import { createServer } from "node:http";
 import { after, before, describe, test } from "node:test";
@@ -24,7 +25,8 @@ import {
   UnknownSession,
   WaitTimeout,
 } from "../dist/index.js";
-import { startTracker } from "./support/server.mjs";
+import { promisify } from "node:util";
+import { PYTHON, startTracker } from "./support/server.mjs";
 
 const LIMIT = 100_000;
 const sid = (label = "s") => `${label}-${randomUUID().slice(0, 10)}`;
@@ -184,6 +186,62 @@ describe("the lifecycle against tracker serve", () => {
     await rejectsWith(other.state(s), UnknownSession, "unknown_session", { status: 404 });
     const nobody = new TrackerClient({ baseUrl: server.url, apiKey: "ctk_nope_nope", retries: 0 });
     await rejectsWith(nobody.state(s), Unauthorized, "unauthorized", { status: 401 });
+  });
+});
+
+describe("the fleet's policy (GET /v1/policy)", () => {
+  /** `tracker <args> --json` against the suite's server's database. */
+  const cliJson = async (...args) => {
+    const { stdout } = await promisify(execFile)(PYTHON, ["-m", "tracker.cli", ...args, "--json"], {
+      env: server.env,
+      timeout: 120_000,
+    });
+    return JSON.parse(stdout);
+  };
+
+  test("a fleet with its own policy reads it, one without reads the server's; a bad key is Unauthorized", async () => {
+    const before = Date.now() - 5_000;
+    const fleet = await cliJson("fleet", "create", `ts-pol-${randomUUID().slice(0, 8)}`, "--compact-at", "6500", "--rearm-below", "3000");
+    const { token } = await cliJson("key", "create", fleet.name);
+    const own = new TrackerClient({ baseUrl: server.url, apiKey: token });
+    const mine = await own.policy();
+    assert.equal(mine.source, "fleet");
+    assert.equal(mine.version, 1);
+    assert.ok(mine.changed_at !== null);
+    const at = Date.parse(mine.changed_at);
+    assert.ok(before <= at && at <= Date.now() + 5_000, mine.changed_at);
+    assert.equal(mine.policy.compact_at_bp, 6500);
+    assert.equal(mine.policy.rearm_below_bp, 3000);
+    assert.deepEqual(mine.policy, fleet.policy); // what the CLI recorded, every field
+    // the suite's other fleet never had a policy: the server's (compact at 8000 bp)
+    const theirs = await new TrackerClient({ baseUrl: server.url, apiKey: server.otherToken }).policy();
+    assert.deepEqual(theirs, {
+      source: "server",
+      version: 0,
+      changed_at: null,
+      policy: {
+        automatic: true,
+        compact_at_bp: 8000,
+        rearm_below_bp: 6000,
+        counter_policy: "allow_conservative",
+        reserved_output: 16384,
+        safety_margin: 8192,
+        count_timeout_s: 10, // the suite's servers allow 10 s (support/server.mjs)
+        turn_delta: null,
+        max_automatic_per_episode: 3,
+        attempt_lease_s: 60,
+      },
+    });
+    // a change is the new version at once (GET /v1/policy reads the store)
+    const changed = await cliJson("fleet", "policy", fleet.name, "--compact-at", "6000");
+    assert.equal(changed.version, 2);
+    const now = await own.policy();
+    assert.equal(now.version, 2);
+    assert.equal(now.policy.compact_at_bp, 6000);
+    assert.equal(now.policy.rearm_below_bp, 3000);
+    assert.ok(Date.parse(now.changed_at) >= at);
+    const nobody = new TrackerClient({ baseUrl: server.url, apiKey: "ctk_nope_nope", retries: 0 });
+    await rejectsWith(nobody.policy(), Unauthorized, "unauthorized", { status: 401 });
   });
 });
 
