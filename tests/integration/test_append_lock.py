@@ -19,6 +19,7 @@ import psycopg
 import pytest
 from psycopg import errors as pg_errors
 
+from tests.support.topology import PgBouncer, missing
 from tracker.store import migrate, upgrade
 from tracker.store.schema import APPEND_LOCK_KEY
 
@@ -159,3 +160,46 @@ def test_downgrade_restores_the_previous_function_verbatim(pg_url):
     assert "query_canceled" in _ct_append_source(pg_url)
     migrate.downgrade(pg_url, PREVIOUS)
     assert _ct_append_source(pg_url) == previous
+
+
+# -- through PgBouncer in transaction mode: the fault as operators would meet it ---------------------
+
+
+@pytest.fixture(scope="module")
+def bouncer():
+    absent = missing("pgbouncer")
+    if absent:
+        pytest.skip("pgbouncer is not installed (Debian package pgbouncer)")
+    with PgBouncer(pool_mode="transaction", pool_size=2) as b:
+        yield b
+
+
+@pytest.mark.parametrize(("revision", "left"), [("head", 0), (PREVIOUS, 1)])
+def test_a_timed_out_append_through_pgbouncer_leaves_no_lock_on_the_pooled_connection(pg_url, bouncer, revision, left):
+    """A client's append times out inside the lock (``SET LOCAL statement_timeout``, as a
+    transaction pooler allows); the server connection goes back to PgBouncer's pool. With the
+    previous function it still held the append lock there (``left`` 1), and every append on
+    another connection waited on it."""
+    upgrade(pg_url, revision)
+    name = pg_url.rsplit("/", 1)[1]
+    libpq = _libpq(pg_url)
+    pooled = _libpq(bouncer.url(name))
+    with psycopg.connect(libpq) as blocker, psycopg.connect(libpq, autocommit=True) as observer:
+        blocker.execute("ALTER SEQUENCE events_position_seq CACHE 1")  # its transaction stays open
+        with psycopg.connect(pooled, prepare_threshold=None) as client:
+            client.execute("SET LOCAL statement_timeout = '500ms'")
+            with pytest.raises(pg_errors.QueryCanceled):
+                client.execute(_CALL, ("s", 0))
+            client.rollback()
+        blocker.rollback()
+        held = observer.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted "
+            "AND database = (SELECT oid FROM pg_database WHERE datname = %s) AND pid <> pg_backend_pid()",
+            (name,),
+        ).fetchone()
+        assert held == (left,)
+        if left == 0:
+            observer.execute("SET lock_timeout = '5s'")
+            assert observer.execute(_CALL, ("t", 0)).fetchone() == ("ok", 1)
+            with psycopg.connect(pooled, prepare_threshold=None, autocommit=True) as client:
+                assert client.execute(_CALL, ("s", 0)).fetchone() == ("ok", 1)
