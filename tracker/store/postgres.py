@@ -8,8 +8,9 @@ projection cache, folding -- and hands this class the events and the projection 
 (see :meth:`PgFastPath.append`).
 
 An append is one round trip: one prepared (server-side bound) statement in autocommit,
-``SELECT … FROM ct_append(…)`` (migration 0003), which does the projection row's
-compare-and-set, draws the positions under the append lock and inserts the events. The
+``SELECT … FROM ct_append(…)`` (migration 0003; since 0008 it releases its lock on every
+exit), which does the projection row's compare-and-set, draws the positions under the append
+lock and inserts the events. The
 projection state is folded by the store *before* the call (projectors read only an event's
 type, data and version). When the session is not at the expected version the function
 writes nothing and *returns* the current version and state (``Stale``) -- no error, so a
@@ -87,7 +88,12 @@ _READ_STREAM = (
 #    (a) assigns the transaction its id (``pg_current_xact_id()``) and (b) draws the events'
 #    positions (``nextval``), then releases ``L`` and inserts the rows, recording the
 #    transaction id in ``events.txid``. ``L`` is held for microseconds and never across the
-#    insert or the commit, so appends still commit in parallel.
+#    insert or the commit, so appends still commit in parallel. (Since migration 0008 the
+#    locked section is a PL/pgSQL block whose handler, ``WHEN OTHERS OR query_canceled``,
+#    releases ``L`` and re-raises: an error or a cancel inside it aborts the append -- it
+#    wrote nothing, so it never commits and (2) holds vacuously for it -- and leaves no lock
+#    on the server connection, which a transaction pooler would hand to the next client.
+#    The block writes nothing: the xid it assigns is the top-level transaction's.)
 # 2. Hence, for any two appending transactions A and B: ``xid(A) < xid(B)`` iff every
 #    position of A is below every position of B (xids and sequence values both grow with
 #    time, and each transaction takes both inside one ``L`` section).
