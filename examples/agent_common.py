@@ -74,17 +74,19 @@ def source_file(path: str) -> str:
 class SummarizerBase:
     """A deterministic summariser (a real agent passes a chat model): lists the files read so far.
 
-    Each example says how to find the paths read in its framework's messages (``files_read``)."""
+    Each example says how to find the paths read in its framework's messages (``files_read``).
+    ``fail``: True = every call fails; a number = how many calls fail first (-1: all)."""
 
-    def __init__(self, delay_s: float = 0.0, fail: bool = False) -> None:
-        self.delay_s, self.fail, self.calls = delay_s, fail, 0
+    def __init__(self, delay_s: float = 0.0, fail: bool | int = False) -> None:
+        self.delay_s, self.calls = delay_s, 0
+        self.fail = -1 if fail is True else int(fail)
 
     def files_read(self, messages: list[Any]) -> list[str]:
         raise NotImplementedError
 
     def __call__(self, messages: list[Any], budget_tokens: int) -> str:
         self.calls += 1
-        if self.fail:
+        if self.fail < 0 or self.calls <= self.fail:
             raise RuntimeError("the summariser is unavailable")
         time.sleep(self.delay_s)
         read = self.files_read(messages)

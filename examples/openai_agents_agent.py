@@ -17,13 +17,9 @@ steps and the agent carries on. The only lines that concern the tracker are the 
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import hashlib
 import json
-import random
 import sys
-import tempfile
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -40,65 +36,25 @@ from openai.types.responses import (
 )
 from openai.types.responses.response_usage import InputTokensDetails, OutputTokensDetails
 
-from tracker import ContextLimitError, Tracker, TrackerError
+from tracker import ContextLimitError, Tracker
 from tracker.core.model import Basis
-from tracker.integrations import RedisShare
 from tracker.integrations.openai_agents import (  # <- context tracker
     ContextTrackerFilter,
     ContextTrackerHooks,
     to_request,
 )
-from tracker.settings import Settings
-from tracker.store.migrate import upgrade
 
-MODEL = "example-agent-small"  # the tracker's registry name for the agent's model
-# input limit = min(window - max_output_tokens, max_input_tokens) - safety_margin = 11000 - 8192 = 2808 tokens
-MODELS = {
-    "models": {
-        MODEL: {
-            "provider": "openai",
-            "window": 20000,
-            "max_output_tokens": 1000,
-            "max_input_tokens": 11000,
-            "counter": "exact_local",
-            "encoding": "o200k_base",
-        }
-    }
-}
-INSTRUCTIONS = "You are a careful engineer. Read the files you need, one at a time, then say what is wrong."
-WORDS = (
-    "timeout",
-    "retry",
-    "budget",
-    "batch",
-    "cache",
-    "lock",
-    "queue",
-    "worker",
-    "parse",
-    "flush",
-    "index",
-    "token",
-    "window",
-    "commit",
-    "lease",
-    "fence",
-    "shard",
-    "replica",
-    "cursor",
-    "stream",
-)
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # agent_common.py, beside this file
+import agent_common  # noqa: E402
+from agent_common import MODEL, MODELS, QUESTION, SummarizerBase, compaction_events, source_file  # noqa: E402, F401
+
+INSTRUCTIONS = agent_common.SYSTEM
 
 
 @function_tool
 def read_file(path: str) -> str:
     """Read one source file of the repository."""
-    rng = random.Random(hashlib.sha256(path.encode()).hexdigest())
-    lines = [f"# {path}"]
-    for n in range(14):
-        a, b, c = rng.sample(WORDS, 3)
-        lines.append(f"def {a}_{b}_{n}(x):  # {c} handling, see {rng.choice(WORDS)} notes")
-    return "\n".join(lines)
+    return source_file(path)
 
 
 class ScriptedModel(Model):
@@ -201,20 +157,12 @@ class ScriptedModel(Model):
         yield ResponseCompletedEvent(type="response.completed", response=response, sequence_number=0)
 
 
-class Summarizer:
+class Summarizer(SummarizerBase):
     """A deterministic summariser (a real agent leaves ``summarizer=None``: the agent's own model
     writes the summary): lists the files read so far. ``fail`` = how many calls fail first (-1: all)."""
 
-    def __init__(self, delay_s: float = 0.0, fail: int = 0) -> None:
-        self.delay_s, self.fail, self.calls = delay_s, fail, 0
-
-    def __call__(self, items: list[Any], budget_tokens: int) -> str:
-        self.calls += 1
-        if self.fail < 0 or self.calls <= self.fail:
-            raise RuntimeError("the summariser is unavailable")
-        time.sleep(self.delay_s)
-        read = [json.loads(i["arguments"])["path"] for i in items if i.get("type") == "function_call"]
-        return f"The user asked what is wrong. Files already read ({len(read)}): {', '.join(read)}. Nothing conclusive yet."
+    def files_read(self, messages: list[Any]) -> list[str]:
+        return [json.loads(i["arguments"])["path"] for i in messages if i.get("type") == "function_call"]
 
 
 def build(
@@ -259,9 +207,7 @@ async def run(
     )
     report: dict[str, Any] = {"session": session, "answer": None, "error": None}
     try:
-        result = await Runner.run(
-            agent, "What is wrong with the lease handling?", run_config=config, hooks=hooks, max_turns=steps + 5
-        )
+        result = await Runner.run(agent, QUESTION, run_config=config, hooks=hooks, max_turns=steps + 5)
         report["answer"] = result.final_output
     except ContextLimitError as exc:  # the tracker refused a request the model could not take
         report["error"] = exc.to_dict()
@@ -269,61 +215,20 @@ async def run(
     report["model_requests"] = [request_tokens(tracker, ins, items, tools) for ins, items, tools in model.received]
     report["usage_reports"] = hooks.reports_usage  # False until the tracker has report_usage
     report["usages"] = [{"basis": u.basis, "input_tokens": u.input_tokens} for u in hooks.usages]
-    report["events"] = [
-        {
-            "type": e.type,
-            **{
-                k: e.data[k]
-                for k in ("attempt_id", "tokens_before", "tokens_after", "reject_reason", "basis", "input_tokens")
-                if k in e.data
-            },
-        }
-        for e in tracker.history(session)
-        if e.type.startswith("Compaction") or e.type == "ContextLimitReached"
-    ]
+    report["events"] = compaction_events(tracker, session)
     return report
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--database-url", help="default: a SQLite file in a temporary directory")
-    p.add_argument("--redis-url")
-    p.add_argument("--session", default="openai-agents-example")
-    p.add_argument("--steps", type=int, default=16)
-    p.add_argument("--failing-summarizer", action="store_true")
-    p.add_argument("--summary-delay", type=float, default=0.0, help="seconds the summariser takes")
-    p.add_argument("--share-redis", action="store_true", help="publish compactions to Redis for other processes")
-    p.add_argument("--no-upgrade", action="store_true", help="the database is already migrated")
-    p.add_argument("--start-at", type=float, default=0.0, help="wall-clock time to start at (line processes up)")
-    p.add_argument("--json", action="store_true")
-    args = p.parse_args(argv)
-
-    workdir = Path(tempfile.mkdtemp(prefix="ct-openai-agents-"))
-    models_file = workdir / "models.json"
-    models_file.write_text(json.dumps(MODELS))
-    url = args.database_url or f"sqlite:///{workdir / 'tracker.db'}"
-    if not args.no_upgrade:
-        upgrade(url)
-    settings = Settings.of(database_url=url, redis_url=args.redis_url, models_file=str(models_file))
-    share = RedisShare(args.redis_url, prefix=f"ct-example:{args.session}:") if args.share_redis else None
-    summarizer = Summarizer(delay_s=args.summary_delay, fail=-1 if args.failing_summarizer else 0)
-    with Tracker.from_settings(settings) as tracker:
-        tracker.counting.warm()  # load the encodings now, not inside the first count's time limit
-        time.sleep(max(0.0, args.start_at - time.time()))
-        report = asyncio.run(run(tracker, args.session, steps=args.steps, summarizer=summarizer, share=share))
-    if args.json:
-        print(json.dumps(report))
-    else:
-        print(f"answer: {report['answer']}" if report["answer"] else f"stopped: {report['error']['message']}")
-        print("model requests (tokens):", report["model_requests"])
-        for e in report["events"]:
-            print(" ", e)
-    return 0 if report["answer"] else 1
+    return agent_common.main(
+        argv,
+        description=__doc__.splitlines()[0],
+        session="openai-agents-example",
+        prefix="ct-openai-agents-",
+        run=lambda *args, **kwargs: asyncio.run(run(*args, **kwargs)),
+        summarizer=Summarizer,
+    )
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except TrackerError as exc:
-        print(json.dumps(exc.to_dict()), file=sys.stderr)
-        sys.exit(2)
+    agent_common.run_main(main)
