@@ -14,7 +14,6 @@ context-limit session.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import socket
@@ -28,6 +27,7 @@ import pytest
 from tests.support.api import api_server
 from tests.support.db import create_pg_database, drop_pg_database
 from tests.support.db import sqlalchemy_url as _sqlalchemy_url
+from tests.support.measurements import measurement
 
 CHROMIUM = "/usr/bin/chromium"
 TRACKER = shutil.which("tracker")
@@ -45,14 +45,7 @@ LAUNCH_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backgro
 
 
 def _m(basis: str, tokens: int) -> dict[str, Any]:
-    return {
-        "basis": basis,
-        "input_tokens": tokens,
-        "input_limit": LIMIT,
-        "quality": "exact_local",
-        "model": {"provider": "openai", "name": "gpt-4o"},
-        "fingerprint": hashlib.sha256(basis.encode()).hexdigest(),
-    }
+    return measurement(basis, tokens, LIMIT)
 
 
 def build_story_session(t: Any, sid: str) -> None:

@@ -7,13 +7,13 @@ pages answer with ``tracker.http.errors.status_for``, the overview's counts read
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from typing import Any
 
 import pytest
 
+from tests.support.measurements import measurement
 from tracker._lru import LRU
 from tracker.core import EVENT_TYPES
 from tracker.core.model import SessionScope
@@ -25,14 +25,7 @@ LIMIT = 100_000
 
 
 def _m(basis: str, tokens: int) -> dict[str, Any]:
-    return {
-        "basis": basis,
-        "input_tokens": tokens,
-        "input_limit": LIMIT,
-        "quality": "exact_local",
-        "model": {"provider": "openai", "name": "gpt-4o"},
-        "fingerprint": hashlib.sha256(basis.encode()).hexdigest(),
-    }
+    return measurement(basis, tokens, LIMIT)
 
 
 @pytest.fixture(scope="module")

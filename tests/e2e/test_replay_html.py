@@ -16,7 +16,6 @@ is written by the CLI (``tracker replay SID --html FILE``) and then
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -28,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.support.measurements import measurement
 
 CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if os.path.exists("/usr/bin/chromium") else None)
 TRACKER = shutil.which("tracker")
@@ -49,14 +50,7 @@ USED_BLUE = (0x15, 0x65, 0xC0)
 
 
 def _m(basis: str, tokens: int) -> dict[str, Any]:
-    return {
-        "basis": basis,
-        "input_tokens": tokens,
-        "input_limit": LIMIT,
-        "quality": "exact_local",
-        "model": {"provider": "openai", "name": "gpt-4o"},
-        "fingerprint": hashlib.sha256(basis.encode()).hexdigest(),
-    }
+    return measurement(basis, tokens, LIMIT)
 
 
 def build_session(url: str) -> None:

@@ -6,7 +6,6 @@ command statistics are read back, and several real processes racing on one sessi
 
 from __future__ import annotations
 
-import hashlib
 import json
 import multiprocessing as mp
 import os
@@ -17,6 +16,7 @@ import psycopg
 import pytest
 import redis
 
+from tests.support.measurements import measurement
 from tests.support.procs import PrivateRedis
 from tracker.bench.store import CountingProjector
 from tracker.core import SessionProjector
@@ -151,14 +151,7 @@ def test_the_migration_backfills_the_fleet_of_earlier_events(db_url):
 
 
 def _measurement(basis: str, used: int) -> dict:
-    return {
-        "basis": basis,
-        "input_tokens": used,
-        "input_limit": 1000,
-        "quality": "exact_local",
-        "model": {"provider": "openai", "name": "gpt-4o"},
-        "fingerprint": hashlib.sha256(basis.encode()).hexdigest(),
-    }
+    return measurement(basis, used, 1000)
 
 
 def _commands(client: redis.Redis) -> dict[str, int]:

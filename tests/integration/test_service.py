@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import hashlib
-
 import pytest
 
+from tests.support.measurements import measurement
 from tracker import ContextLimitError, Policy, StaleBasis
 from tracker.core import SessionProjector, fold
 from tracker.core.events import event_from_data
@@ -37,14 +36,7 @@ class Clock:
 
 
 def m(basis: str, used: int, limit: int = 1000, quality: str = "exact_local") -> dict:
-    return {
-        "basis": basis,
-        "input_tokens": used,
-        "input_limit": limit,
-        "quality": quality,
-        "model": {"provider": "openai", "name": "gpt-4o"},
-        "fingerprint": hashlib.sha256(basis.encode()).hexdigest(),
-    }
+    return measurement(basis, used, limit, quality)
 
 
 @pytest.fixture

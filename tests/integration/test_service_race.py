@@ -9,7 +9,6 @@ again with Redis flushed mid-run, and with Redis stopped.
 
 from __future__ import annotations
 
-import hashlib
 import multiprocessing as mp
 import os
 import random
@@ -19,6 +18,7 @@ import uuid
 
 import pytest
 
+from tests.support.measurements import measurement
 from tests.support.procs import PostgresLog, PrivateRedis
 from tracker.core import Policy, SessionProjector, fold
 from tracker.core.events import CompactionRejected, CompactionStarted, event_from_data
@@ -32,14 +32,7 @@ LIMIT = 1000
 
 
 def _measurement(basis: str, used: int) -> dict:
-    return {
-        "basis": basis,
-        "input_tokens": used,
-        "input_limit": LIMIT,
-        "quality": "exact_local",
-        "model": {"provider": "openai", "name": "gpt-4o"},
-        "fingerprint": hashlib.sha256(basis.encode()).hexdigest(),
-    }
+    return measurement(basis, used, LIMIT)
 
 
 def _racer(db_url: str, redis_url: str | None, session_id: str, seed: int, rounds: int, start_at: float) -> dict:

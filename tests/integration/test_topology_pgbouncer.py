@@ -14,6 +14,7 @@ import time
 import pytest
 
 from tests.support.db import PG_ADMIN_URL
+from tests.support.measurements import measurement
 from tests.support.topology import PgBouncer, missing, run_race, scratch_database, terminate_backends
 from tracker.core import SessionProjector
 from tracker.errors import StoreError
@@ -25,16 +26,7 @@ pytestmark = [pytest.mark.postgres]
 
 
 def _measurement(basis: str, used: int) -> dict:
-    import hashlib
-
-    return {
-        "basis": basis,
-        "input_tokens": used,
-        "input_limit": 1000,
-        "quality": "exact_local",
-        "model": {"provider": "openai", "name": "gpt-4o"},
-        "fingerprint": hashlib.sha256(basis.encode()).hexdigest(),
-    }
+    return measurement(basis, used, 1000)
 
 
 @pytest.fixture(scope="module")

@@ -31,6 +31,7 @@ import httpx
 import pytest
 from sqlalchemy.engine import make_url
 
+from tests.support.measurements import measurement
 from tests.support.topology import PgReplication, postgres_bin, wait_for
 from tracker.bench.procs import free_port, start_server, stop_server
 from tracker.bootstrap import build_lag_probe, build_read_store, build_store, read_only_url
@@ -79,16 +80,7 @@ def _settings(repl: PgReplication, **extra: object) -> Settings:
 
 
 def _measurement(basis: str, used: int) -> dict:
-    import hashlib
-
-    return {
-        "basis": basis,
-        "input_tokens": used,
-        "input_limit": 1000,
-        "quality": "exact_local",
-        "model": {"provider": "openai", "name": "gpt-4o"},
-        "fingerprint": hashlib.sha256(basis.encode()).hexdigest(),
-    }
+    return measurement(basis, used, 1000)
 
 
 def _app_statements(log: str) -> list[str]:

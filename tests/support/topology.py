@@ -22,7 +22,6 @@ idempotency key in the log) and :func:`observe_rate` (uncontended observes per s
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import multiprocessing as mp
 import os
 import random
@@ -37,6 +36,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from tests.support.measurements import measurement
 from tracker.bench.procs import free_port
 
 __all__ = [
@@ -588,14 +588,7 @@ LIMIT = 1000
 
 
 def _measurement(basis: str, used: int) -> dict:
-    return {
-        "basis": basis,
-        "input_tokens": used,
-        "input_limit": LIMIT,
-        "quality": "exact_local",
-        "model": {"provider": "openai", "name": "gpt-4o"},
-        "fingerprint": hashlib.sha256(basis.encode()).hexdigest(),
-    }
+    return measurement(basis, used, LIMIT)
 
 
 def racer(
