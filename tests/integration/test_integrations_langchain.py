@@ -10,10 +10,8 @@ import ast
 import asyncio
 import importlib.util
 import json
-import os
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
@@ -23,6 +21,7 @@ pytest.importorskip("langchain.agents")
 
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage  # noqa: E402
 
+from tests.support.procs import run_example_processes
 from tracker import ContextLimitError, StaleBasis, Tracker  # noqa: E402
 from tracker.integrations import Item, cut_points, default_counter  # noqa: E402
 from tracker.integrations.langchain import revision_of  # noqa: E402
@@ -179,36 +178,7 @@ def test_two_agent_processes_on_one_session_compact_once(pg_url, redis_url, tmp_
     """Two real processes run the same agent on one session (Postgres + Redis): one summary, both adopt it."""
     upgrade(pg_url)
     session = f"lc2-{uuid.uuid4().hex[:8]}"
-    start_at = time.time() + 8
-    cmd = [
-        sys.executable,
-        str(EXAMPLE),
-        "--database-url",
-        pg_url,
-        "--redis-url",
-        redis_url,
-        "--share-redis",
-        "--no-upgrade",
-        "--session",
-        session,
-        "--steps",
-        "13",
-        "--summary-delay",
-        "1.0",
-        "--json",
-        "--start-at",
-        str(start_at),
-    ]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRACKER_")}
-    procs = [
-        subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
-        for _ in range(2)
-    ]
-    outs = [p.communicate(timeout=240) for p in procs]
-    for p, (_out, err) in zip(procs, outs, strict=True):
-        assert p.returncode == 0, err
-    reports = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
-    print("two processes:", [(r["summarizer_calls"], r["model_requests"]) for r in reports])
+    reports = run_example_processes(EXAMPLE, database_url=pg_url, redis_url=redis_url, session=session)
 
     assert all(r["answer"].startswith("I read 13 files") for r in reports)
     assert sum(r["summarizer_calls"] for r in reports) == 1  # one summary written, in one process
