@@ -32,6 +32,11 @@ SERIAL_MODULES = {
     "tests.integration.test_store_concurrency",
     "tests.integration.test_hot_path",
     "tests.integration.test_fleets_race",
+    # the topologies' races: processes racing through a restarted PgBouncer or a failing-over Redis, on a
+    # replica's feed under writers (their counts of acknowledged writes and killed connections need the CPU)
+    "tests.integration.test_topology_pgbouncer",
+    "tests.integration.test_topology_redis",
+    "tests.integration.test_topology_replica",
 }
 # Tests that write on PostgreSQL and read the event feed at once: the feed shows an event only when every
 # transaction older than it has ended on the whole server (any database), so another test's migration or

@@ -34,7 +34,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from tests.support.measurements import measurement
 from tracker.bench.procs import free_port
@@ -104,6 +104,27 @@ def _free_port_pair() -> tuple[int, int]:
             return a, b
 
 
+class _Started:
+    """``with X() as x``: :meth:`start` on entry (what it started is closed again if it fails), :meth:`close` on exit."""
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        try:
+            self.start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 class _Proc:
     def __init__(self, argv: list[str], port: int, log: Path) -> None:
         self.argv, self.port, self.log = argv, port, log
@@ -155,7 +176,7 @@ def _client(port: int, **kw: Any) -> Any:
 # -- Redis Cluster ------------------------------------------------------------------------------------
 
 
-class RedisClusterTopology:
+class RedisClusterTopology(_Started):
     """``masters`` masters with ``replicas`` replicas each, formed by ``redis-cli --cluster create``.
 
     ``cluster-node-timeout`` is 1 s, so a killed master's replica takes over within a few seconds.
@@ -170,17 +191,6 @@ class RedisClusterTopology:
     def url(self) -> str:
         ports = sorted(self.nodes)[: self.masters]
         return "redis+cluster://" + ",".join(f"{LOOPBACK}:{p}" for p in ports)
-
-    def __enter__(self) -> RedisClusterTopology:
-        try:
-            self.start()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def start(self) -> None:
         for _ in range(self.masters * (1 + self.replicas)):
@@ -321,7 +331,7 @@ class RedisClusterTopology:
 # -- Redis Sentinel -----------------------------------------------------------------------------------
 
 
-class SentinelTopology:
+class SentinelTopology(_Started):
     """A primary, ``replicas`` replicas and one Sentinel (quorum 1) monitoring them as ``service``."""
 
     def __init__(self, service: str = "ctprimary", replicas: int = 1, down_after_ms: int = 1000) -> None:
@@ -334,17 +344,6 @@ class SentinelTopology:
     @property
     def url(self) -> str:
         return f"redis+sentinel://{LOOPBACK}:{self.sentinel_port}/{self.service}"
-
-    def __enter__(self) -> SentinelTopology:
-        try:
-            self.start()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def start(self) -> None:
         primary = free_port()
@@ -461,7 +460,7 @@ def _role(port: int) -> str:
 # -- PgBouncer ----------------------------------------------------------------------------------------
 
 
-class PgBouncer:
+class PgBouncer(_Started):
     """PgBouncer in front of a PostgreSQL server, every database name passed through (``* = …``).
 
     ``pool_mode`` ``transaction`` by default, ``auth_type = trust``, a small pool so transactions
@@ -492,17 +491,6 @@ class PgBouncer:
     def url(self, database: str, user: str = "postgres") -> str:
         """A SQLAlchemy URL (psycopg 3) of ``database`` through this PgBouncer."""
         return f"postgresql+psycopg://{user}@{LOOPBACK}:{self.port}/{database}"
-
-    def __enter__(self) -> PgBouncer:
-        try:
-            self.start()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def _write_config(self) -> Path:
         ini = self.dir / "pgbouncer.ini"
@@ -786,7 +774,7 @@ def scratch_database(admin_libpq_url: str, prefix: str = "ct_topo") -> Iterator[
 # -- API replicas behind HAProxy ----------------------------------------------------------------------
 
 
-class Balancer:
+class Balancer(_Started):
     """HAProxy (Debian's ``/usr/sbin/haproxy``) on a free loopback port in front of HTTP servers.
 
     One frontend, one backend balancing ``roundrobin`` (or ``balance``, e.g. ``uri depth 3``
@@ -862,17 +850,6 @@ class Balancer:
             lines.insert(lines.index("backend replicas") + 1, "    option allbackups")
             lines += [f"    server {name}-any {LOOPBACK}:{port} backup" for name, port in self.servers.items()]
         return "\n".join(lines) + "\n"
-
-    def __enter__(self) -> Balancer:
-        try:
-            self.start()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def start(self) -> Balancer:
         cfg = self.dir / "haproxy.cfg"
@@ -1309,7 +1286,7 @@ def _lsn(text: str) -> int:
     return (int(hi, 16) << 32) | int(lo, 16)
 
 
-class PgReplication:
+class PgReplication(_Started):
     """A PostgreSQL primary of its own and a hot standby streaming from it, on free loopback ports.
 
     The primary is a fresh cluster (``initdb --auth=trust``, ``fsync = off``) in a temporary
@@ -1343,17 +1320,6 @@ class PgReplication:
         return "postgresql+psycopg" + self.libpq(database, replica=replica)[len("postgresql") :]
 
     # -- life cycle ---------------------------------------------------------------------------------
-
-    def __enter__(self) -> PgReplication:
-        try:
-            self.start()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def _run(self, program: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
         argv = [str(self.bin / program), *args]
