@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 
 from tracker._lru import LRU
 from tracker.bootstrap import build_components, build_hooks
+from tracker.calibrations import CalibrationBook
 from tracker.coordination import Coordinator, LocalCoordinator
 from tracker.core import (
     Attempt,
@@ -54,6 +55,7 @@ from tracker.core import (
 from tracker.core.decide import Result
 from tracker.core.events import CompactionCommitted, CompactionRejected
 from tracker.core.outcome import outcome as outcome_of
+from tracker.core.reports import Report, decide_rejection, decide_usage
 from tracker.core.thresholds import resolve_threshold
 from tracker.errors import (
     ConcurrencyConflict,
@@ -115,8 +117,11 @@ class Tracker:
         clock: Callable[[], float] = time.time,
         new_id: Callable[[], str] = lambda: uuid.uuid4().hex,
         hooks: Iterable[TrackerHooks] = (),
+        calibrations: CalibrationBook | None = None,
     ) -> None:
         self.store = store
+        #: the provider's numbers this process decides with (``tracker.calibrations``)
+        self.calibrations = calibrations if calibrations is not None else CalibrationBook(store)
         self.policy = policy or Policy()
         self.counting = counting
         self.coordinator = coordinator or LocalCoordinator()
@@ -142,7 +147,18 @@ class Tracker:
         hooks = overrides.pop("hooks", None)
         c = build_components(settings, **parts)
         hooks = build_hooks(settings) if hooks is None else hooks
-        return cls(c.store, policy=c.policy, counting=c.counting, coordinator=c.coordinator, hooks=hooks, **overrides)
+        book = CalibrationBook(
+            c.store, enabled=settings.calibration.calibration, refresh_s=settings.calibration.calibration_refresh_s
+        )
+        return cls(
+            c.store,
+            policy=c.policy,
+            counting=c.counting,
+            coordinator=c.coordinator,
+            hooks=hooks,
+            calibrations=book,
+            **overrides,
+        )
 
     def close(self) -> None:
         self.store.close()
@@ -374,6 +390,7 @@ class Tracker:
 
                 self._record(session_id, failed, idempotency_key)
                 raise
+        calibration, learned_limit = self.calibrations.for_decision(session_id, m.model.name, m.quality)
         outcome, version = self._record_opening(
             session_id,
             lambda st, **at: decide_measure(
@@ -384,12 +401,93 @@ class Tracker:
                 scope=scope,
                 scope_confidence=scope_confidence,
                 overhead_tokens=overhead_tokens,
+                calibration=calibration,
+                learned_limit=learned_limit,
                 **at,
             ),
             idempotency_key,
             op="observe",
         )
         return Result(session_id=session_id, version=version, decision=_decision(outcome, session_id))
+
+    # -- the provider's numbers --------------------------------------------------------------
+    @_command("usage")
+    def report_usage(
+        self,
+        session_id: str,
+        *,
+        basis: Basis | str,
+        input_tokens: int,
+        model: str | None = None,
+        output_tokens: int | None = None,
+        cache_read_tokens: int | None = None,
+        cache_write_tokens: int | None = None,
+        idempotency_key: str | None = None,
+    ) -> Report:
+        """Record what the provider billed for the request of ``basis`` (its response's usage): a
+        ``UsageReported`` event, and a calibration sample for the measured model. ``basis`` is one
+        this session measured (a bare one: at the current revision); ``model``, when given, must be
+        the measured one. Bad input raises ``InvalidInput`` naming the field and writes nothing."""
+        check_session_id(session_id)
+        outcome, version = self._record(
+            session_id,
+            lambda st: decide_usage(
+                st,
+                basis=basis,
+                input_tokens=input_tokens,
+                model=model,
+                output_tokens=output_tokens,
+                cache_read_tokens=cache_read_tokens,
+                cache_write_tokens=cache_write_tokens,
+                now=self.clock(),
+            ),
+            idempotency_key,
+            op="usage",
+        )
+        return self._reported(session_id, version, outcome)
+
+    @_command("rejection")
+    def report_rejection(
+        self,
+        session_id: str,
+        *,
+        basis: Basis | str,
+        message: str | None = None,
+        input_tokens: int | None = None,
+        input_limit: int | None = None,
+        model: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Report:
+        """Record that the provider refused the request of ``basis`` as too long for the model: a
+        ``ProviderRejected`` event. The provider's count and limit are read from ``message``
+        (Anthropic, OpenAI and Gemini wordings) unless given. From then on that basis decides at the
+        hard limit (compact if an automatic attempt is eligible, else ``ContextLimitError``), the
+        numbers are a calibration sample, and a lower limit is learned for the model."""
+        check_session_id(session_id)
+        outcome, version = self._record(
+            session_id,
+            lambda st: decide_rejection(
+                st,
+                basis=basis,
+                message=message,
+                input_tokens=input_tokens,
+                input_limit=input_limit,
+                model=model,
+                now=self.clock(),
+            ),
+            idempotency_key,
+            op="rejection",
+        )
+        return self._reported(session_id, version, outcome)
+
+    def _reported(self, session_id: str, version: int, outcome: Outcome) -> Report:
+        self.calibrations.stale()  # this process decides with its own report from the next call on
+        event = next(e for e in outcome.events if e.TYPE in ("UsageReported", "ProviderRejected"))
+        return Report(session_id=session_id, version=version, event=event)  # type: ignore[arg-type]
+
+    def calibration(self, fleet: str | None = None) -> list[Any]:
+        """What calibration knows, per (fleet, model, counter): ``ModelSummary`` rows folded from the log."""
+        return self.calibrations.summaries(fleet)
 
     # -- attempts --------------------------------------------------------------------------
     @_command("manual")

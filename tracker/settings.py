@@ -12,6 +12,7 @@ calls :meth:`Settings.load` once at start and passes the typed sections down:
     ├── providers      ProviderSettings       TRACKER_ANTHROPIC_*, TRACKER_OPENAI_*
     ├── policy         Policy (the core's)    TRACKER_<POLICY FIELD>, e.g. TRACKER_COMPACT_AT_BP
     ├── api            ApiSettings            TRACKER_MAX_BODY_BYTES, TRACKER_API_KEY_CACHE_S, TRACKER_API_THREADS
+    ├── calibration    CalibrationSettings    TRACKER_CALIBRATION, TRACKER_CALIBRATION_REFRESH_S
     ├── telemetry      TelemetrySettings      TRACKER_LOG_FORMAT, TRACKER_WORKER_METRICS_PORT
     └── bench          BenchSettings          TRACKER_BENCH_*
 
@@ -330,6 +331,20 @@ class ApiSettings(Section):
     )
 
 
+class CalibrationSettings(Section):
+    calibration: bool = Field(
+        True,
+        description="decide on estimated counts corrected by the provider's billed usage (`off`: raw counts; "
+        "usage and rejections are still recorded, and learned limits still apply)",
+    )
+    calibration_refresh_s: float = Field(
+        2.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="how often a process reads new usage reports and rejections of other processes from the log",
+    )
+
+
 class TelemetrySettings(Section):
     log_format: Literal["text", "json"] = Field(
         "text", description="`json`: one JSON object per log line, with fleet, session, attempt and trace ids"
@@ -365,6 +380,7 @@ class Settings(BaseModel):
         "providers": ProviderSettings,
         "policy": PolicySettings,
         "api": ApiSettings,
+        "calibration": CalibrationSettings,
         "telemetry": TelemetrySettings,
         "bench": BenchSettings,
     }
@@ -375,6 +391,7 @@ class Settings(BaseModel):
     providers: ProviderSettings = Field(default_factory=ProviderSettings)
     policy: Policy = Field(default_factory=Policy)
     api: ApiSettings = Field(default_factory=ApiSettings)
+    calibration: CalibrationSettings = Field(default_factory=CalibrationSettings)
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
     bench: BenchSettings = Field(default_factory=BenchSettings)
 

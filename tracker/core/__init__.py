@@ -4,8 +4,10 @@ Live decisions, replay and what-if all run this same code.
 """
 
 from tracker.core.attempts import decide_commit, decide_manual, decide_reject, expire_leases
+from tracker.core.calibration import Calibration, CalibrationSample, CalibrationState
 from tracker.core.decide import Result, decide_count_failed, decide_measure
 from tracker.core.events import EVENT_TYPES, DomainEvent, event_from_data
+from tracker.core.ledger import CalibrationLedger, ModelSummary
 from tracker.core.loopguard import LoopGuardEntry, ReclaimPlan, plan_reclaim
 from tracker.core.model import (
     ACTIONS,
@@ -32,6 +34,7 @@ from tracker.core.model import (
 from tracker.core.outcome import Decision, Outcome, outcome
 from tracker.core.policy import POLICY_DOCS, Policy
 from tracker.core.recorded import recorded_outcome
+from tracker.core.reports import decide_rejection, decide_usage
 from tracker.core.state import Attempt, SessionProjector, SessionState, apply, fold
 from tracker.core.thresholds import (
     SCOPE_THRESHOLDS_BP,
@@ -97,8 +100,16 @@ __all__ = [
     "decide_manual",
     "decide_measure",
     "decide_reject",
+    "decide_rejection",
+    "decide_usage",
     "expire_leases",
     "recorded_outcome",
+    # calibration (behaviour.md "Calibration")
+    "Calibration",
+    "CalibrationLedger",
+    "CalibrationSample",
+    "CalibrationState",
+    "ModelSummary",
     # the loop guard (behaviour.md "Loop-guard reclaim plan")
     "LoopGuardEntry",
     "ReclaimPlan",

@@ -211,6 +211,27 @@ class Calibration:
             "bounded": self.bounded,
         }
 
+    @classmethod
+    def from_data(cls, data: Any) -> Calibration:
+        """The inverse of ``to_data`` (a recorded decision's calibration, for replay and what-if)."""
+        if not isinstance(data, dict):
+            raise InvalidInput("calibration", f"must be an object, got {type(data).__name__}")
+        bp = data.get("factor_bp")
+        if not isinstance(bp, int) or isinstance(bp, bool):
+            raise InvalidInput("calibration.factor_bp", f"must be an integer, got {bp!r}")
+        try:
+            median = Fraction(str(data.get("median", Fraction(bp, FACTOR_GRID))))
+            mad = Fraction(str(data.get("mad", 0)))
+        except (ValueError, ZeroDivisionError) as exc:
+            raise InvalidInput("calibration.median", f"must be a fraction 'p/q': {exc}") from None
+        return cls(
+            factor=Fraction(bp, FACTOR_GRID),
+            samples=data.get("samples"),  # type: ignore[arg-type]
+            median=median,
+            mad=mad,
+            bounded=bool(data.get("bounded", False)),
+        )
+
 
 def calibrates(quality: str) -> bool:
     """Whether counts of this quality are corrected (only estimates are; exact counts are watched for drift)."""
@@ -275,6 +296,15 @@ def drift(
     if len(recent) < min_samples:
         return None
     return _median(sorted(s.ratio for s in recent))
+
+
+def quantile(samples: Sequence[CalibrationSample], q: Fraction) -> Fraction | None:
+    """The ``q`` quantile (nearest rank, rounded up) of the samples' ``billed / counted`` (None without samples)."""
+    if not samples:
+        return None
+    ratios = sorted(s.ratio for s in samples)
+    rank = ceil_div(q.numerator * len(ratios), q.denominator)
+    return ratios[min(len(ratios), max(1, rank)) - 1]
 
 
 def drifted(ratio: Fraction | None) -> bool:

@@ -17,6 +17,8 @@ from typing import Any, Literal
 
 from tracker.core import events as ev
 from tracker.core.attempts import begin, decide_commit, decide_manual, decide_reject
+from tracker.core.calibration import Calibration, calibrates
+from tracker.core.calibration import apply as calibrated
 from tracker.core.model import FULL_SCALE_BP, Action, Basis, Measurement, Pressure, Trigger, built
 from tracker.core.outcome import Decision, Outcome, context_limit_error, outcome, stale_basis_error
 from tracker.core.policy import Policy
@@ -139,8 +141,15 @@ def decide_measure(
     scope: Any = None,
     scope_confidence: Any = None,
     overhead_tokens: Any = None,
+    calibration: Calibration | None = None,
+    learned_limit: int | None = None,
 ) -> Outcome:
-    """One accepted measurement → exactly one action (behaviour.md "Decisions")."""
+    """One accepted measurement → exactly one action (behaviour.md "Decisions").
+
+    ``calibration``: the correction of the measurement's model (applied only when its quality is
+    an estimate: the count decided on is ``ceil(counted x factor)``); ``learned_limit``: a lower
+    input limit learned from a provider rejection (the lower of it and the measurement's is used).
+    Both are recorded in the ``ContextMeasured``, so replay re-decides with the same numbers."""
     # Bad input first: nothing is recorded for it.
     policy_now = state.policy or default_policy
     if compaction_threshold is None and scope is None and scope_confidence is None:
@@ -173,12 +182,18 @@ def decide_measure(
         )
         return outcome(state, events, error=err)
 
-    used, L = measurement.input_tokens, measurement.input_limit
+    counted, L = measurement.input_tokens, measurement.input_limit
+    applied = calibration if calibration is not None and calibrates(measurement.quality) else None
+    used = calibrated(counted, applied)
+    if learned_limit is not None and 0 < learned_limit < L:
+        L = learned_limit
+    rejected = basis_s in s.rejected
     lv = levels_at(threshold.bp, threshold.rearm_bp, L)
     # = occupancy_bp(used, L): a Measurement's counts are validated integers (used >= 0, L > 0)
     occ = min(FULL_SCALE_BP, used * FULL_SCALE_BP // L)
     before = s.pressure
-    pressure = _pressure(policy, before, used, lv)
+    # a request the provider refused as too long is at the hard limit, whatever the count says
+    pressure = "hard_limit" if rejected else _pressure(policy, before, used, lv)
     prev = (s.last.input_tokens, s.last.input_limit) if s.last and s.last.revision == basis.revision else None
     grew = growth_fired(policy.turn_delta, used, L, prev)
 
@@ -212,6 +227,10 @@ def decide_measure(
             "trigger": trigger,
             "at": now,
             "inputs": _inputs(compaction_threshold, scope, scope_confidence, overhead_tokens),
+            "input_tokens": used,
+            "input_limit": L,
+            "calibration": applied.to_data() if applied is not None else None,
+            "rejected": rejected,
         },
     )
     events.append(measured)

@@ -73,6 +73,7 @@ class SessionStarted(DomainEvent):
 @dataclass(frozen=True)
 class ContextMeasured(DomainEvent):
     TYPE: ClassVar[str] = "ContextMeasured"
+    SCHEMA: ClassVar[int] = 2  # 2: input_tokens, input_limit, calibration, rejected (version 1 folds as uncalibrated)
     measurement: dict[str, Any]
     occupancy_bp: int
     pressure_before: Pressure
@@ -89,6 +90,24 @@ class ContextMeasured(DomainEvent):
     # the per-request inputs as given (compaction_threshold, scope, scope_confidence, overhead_tokens),
     # kept so replay and what-if can re-decide exactly
     inputs: dict[str, Any] | None = None
+    # what the decision used beside the measurement (schema 2; None in events written before):
+    # the count decided on (the counter's ``measurement.input_tokens`` corrected by ``calibration``),
+    # the input limit (the measurement's, or a lower one learned from a provider rejection), the
+    # calibration applied (``Calibration.to_data()``) and whether the basis was rejected by the provider
+    input_tokens: int | None = None
+    input_limit: int | None = None
+    calibration: dict[str, Any] | None = None
+    rejected: bool = False
+
+    @property
+    def decided_tokens(self) -> int:
+        """The count this measurement was decided on (the raw count in events without calibration)."""
+        return self.measurement["input_tokens"] if self.input_tokens is None else self.input_tokens
+
+    @property
+    def decided_limit(self) -> int:
+        """The input limit this measurement was decided against."""
+        return self.measurement["input_limit"] if self.input_limit is None else self.input_limit
 
 
 @dataclass(frozen=True)
@@ -168,6 +187,54 @@ class ContextLimitReached(DomainEvent):
     at: float = 0.0
 
 
+@dataclass(frozen=True)
+class UsageReported(DomainEvent):
+    """What the provider billed for the request of ``basis`` (its response's usage).
+
+    ``model``, ``quality`` and ``counted_tokens`` are the measurement's (the last one of that basis:
+    the request that was sent), so the pair (counted, billed) is a calibration sample on its own."""
+
+    TYPE: ClassVar[str] = "UsageReported"
+    basis: str
+    model: str
+    quality: str
+    counted_tokens: int
+    input_tokens: int
+    output_tokens: int | None = None
+    cache_read_tokens: int | None = None
+    cache_write_tokens: int | None = None
+    at: float = 0.0
+
+    @property
+    def billed_tokens(self) -> int:
+        """Input tokens billed in all: uncached + cache read + cache write."""
+        return self.input_tokens + (self.cache_read_tokens or 0) + (self.cache_write_tokens or 0)
+
+
+@dataclass(frozen=True)
+class ProviderRejected(DomainEvent):
+    """The provider refused the request of ``basis`` as too long for the model's context.
+
+    ``input_tokens`` / ``input_limit``: the provider's numbers (from its message, or given), None
+    where unknown; ``learned_limit``: the input limit learned from them when lower than the
+    measurement's (None: nothing learned); ``form``/``provider``: the wording recognised in
+    ``message`` (None: not recognised, or no message)."""
+
+    TYPE: ClassVar[str] = "ProviderRejected"
+    basis: str
+    model: str
+    quality: str
+    counted_tokens: int
+    measured_limit: int
+    input_tokens: int | None = None
+    input_limit: int | None = None
+    learned_limit: int | None = None
+    provider: str | None = None
+    form: str | None = None
+    message: str | None = None
+    at: float = 0.0
+
+
 EVENT_TYPES: dict[str, type[DomainEvent]] = {
     cls.TYPE: cls
     for cls in (
@@ -179,8 +246,13 @@ EVENT_TYPES: dict[str, type[DomainEvent]] = {
         CompactionCommitted,
         CompactionRejected,
         ContextLimitReached,
+        UsageReported,
+        ProviderRejected,
     )
 }
+
+#: the events a provider's own numbers arrive in: calibration (``tracker.core.calibration``) folds these
+PROVIDER_REPORTS: tuple[str, ...] = (ProviderRejected.TYPE, UsageReported.TYPE)
 
 
 #: the shape of each event class, worked out once (a constant of the module, like ``EVENT_TYPES``)

@@ -36,6 +36,11 @@ class Decision:
     revision: int
     attempt: Attempt | None = None  # the attempt opened for this caller (action == compact)
     waiting_on: Attempt | None = None  # the open automatic attempt (action == wait)
+    input_tokens: int = 0  # the count decided on: the counter's, corrected by ``calibration``
+    counted_tokens: int = 0  # the counter's raw count
+    input_limit: int = 0  # the limit decided against (the measurement's, or a learned lower one)
+    calibration: dict[str, Any] | None = None  # the correction applied (factor_bp, samples, ...), or None
+    rejected: bool = False  # the provider rejected this basis before: decided at the hard limit
 
     @classmethod
     def from_event(
@@ -52,6 +57,8 @@ class Decision:
         values = {name: recorded[name] for name in _RECORDED}
         values["basis"], values["revision"] = str(b), b.revision
         values["attempt"], values["waiting_on"] = attempt, waiting_on
+        values["input_tokens"], values["input_limit"] = e.decided_tokens, e.decided_limit
+        values["counted_tokens"] = e.measurement["input_tokens"]
         return built(cls, values)
 
     @classmethod

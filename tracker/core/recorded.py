@@ -29,6 +29,8 @@ OP_EVENTS: dict[str, frozenset[str]] = {
     "manual": frozenset({"CompactionStarted"}),
     "commit": frozenset({"CompactionCommitted", "CompactionRejected"}),
     "reject": frozenset({"CompactionRejected"}),
+    "usage": frozenset({"UsageReported"}),
+    "rejection": frozenset({"ProviderRejected"}),
 }
 
 

@@ -16,6 +16,8 @@ from tracker.core.model import Pressure, Record, built
 from tracker.core.policy import Policy
 
 RECENT_ATTEMPTS_KEPT = 20
+#: the measurements a usage report or a provider rejection can refer to: the session's last few bases
+RECENT_BASES_KEPT = 8
 
 #: the fields of an attempt's terms, in order
 _TERMS = tuple(f.name for f in fields(ev.AttemptTerms))
@@ -47,6 +49,17 @@ class LastMeasurement(Record):
 
 
 @dataclass(frozen=True)
+class MeasuredBasis(Record):
+    """What the last measurement of a basis counted: what a usage report or a rejection of it refers to."""
+
+    basis: str
+    model: str  # the measured model's name
+    quality: str
+    counted_tokens: int  # the counter's raw count
+    input_limit: int  # the limit the measurement was decided against
+
+
+@dataclass(frozen=True)
 class SessionState:
     session_id: str
     version: int = 0
@@ -61,6 +74,10 @@ class SessionState:
     # recent closed attempts: (attempt_id, outcome) newest last, bounded
     recent_outcomes: tuple[tuple[str, str], ...] = ()
     counts: dict[str, int] = field(default_factory=dict)
+    # the last RECENT_BASES_KEPT measured bases, newest last (one entry per basis)
+    measured: tuple[MeasuredBasis, ...] = ()
+    # bases of the current revision the provider rejected as too long: never let through again
+    rejected: frozenset[str] = frozenset()
 
     # -- queries -------------------------------------------------------------------------
     @property
@@ -77,6 +94,10 @@ class SessionState:
 
     def find_open(self, attempt_id: str) -> Attempt | None:
         return next((a for a in self.open_attempts if a.attempt_id == attempt_id), None)
+
+    def measured_basis(self, basis: str) -> MeasuredBasis | None:
+        """The last measurement of ``basis`` (``r<revision>:<through>``), if among the recent ones."""
+        return next((m for m in reversed(self.measured) if m.basis == basis), None)
 
     def outcome_of(self, attempt_id: str) -> str | None:
         """'open', 'committed', 'rejected:<reason>' or None if not known (never opened, or long ago)."""
@@ -102,6 +123,8 @@ class SessionState:
             "last": self.last.to_data() if self.last else None,
             "recent_outcomes": [list(x) for x in self.recent_outcomes],
             "counts": dict(sorted(self.counts.items())),
+            "measured": [m.to_data() for m in self.measured],
+            "rejected": sorted(self.rejected),
         }
 
     @classmethod
@@ -119,6 +142,8 @@ class SessionState:
             last=LastMeasurement(**data["last"]) if data.get("last") else None,
             recent_outcomes=tuple((a, o) for a, o in data.get("recent_outcomes", [])),
             counts=dict(data.get("counts", {})),
+            measured=tuple(MeasuredBasis(**m) for m in data.get("measured", ())),
+            rejected=frozenset(data.get("rejected", ())),
         )
 
 
@@ -157,8 +182,23 @@ def apply(state: SessionState, event: ev.DomainEvent) -> SessionState:
     base = {"version": state.version + 1, "counts": _bump(state.counts, event.TYPE)}
     if isinstance(event, ev.ContextMeasured):
         m = event.measurement
-        revision = int(str(m["basis"])[1:].split(":", 1)[0])
+        basis = m["basis"]
+        revision = int(str(basis)[1:].split(":", 1)[0])
+        used, limit = event.decided_tokens, event.decided_limit
+        model = m["model"]["name"] if isinstance(m.get("model"), dict) else "unknown"
+        entry = built(
+            MeasuredBasis,
+            {
+                "basis": basis,
+                "model": model,
+                "quality": m.get("quality", "exact_local"),
+                "counted_tokens": m["input_tokens"],
+                "input_limit": limit,
+            },
+        )
+        kept = tuple(x for x in state.measured if x.basis != basis)[-(RECENT_BASES_KEPT - 1) :]
         base.update(
+            measured=(*kept, entry),
             pressure=event.pressure,
             episode_automatic=episode_after(event.pressure, state.episode_automatic),
             last=built(
@@ -166,8 +206,8 @@ def apply(state: SessionState, event: ev.DomainEvent) -> SessionState:
                 {
                     "basis": m["basis"],
                     "revision": revision,
-                    "input_tokens": m["input_tokens"],
-                    "input_limit": m["input_limit"],
+                    "input_tokens": used,
+                    "input_limit": limit,
                     "occupancy_bp": event.occupancy_bp,
                     "action": event.action,
                     "at": event.at,
@@ -188,14 +228,18 @@ def apply(state: SessionState, event: ev.DomainEvent) -> SessionState:
         )
     if isinstance(event, ev.CompactionCommitted):
         s = _close(s, event.attempt_id, "committed")
-        # the history changed: a new revision, with nothing exhausted yet
-        return replace(s, revision=event.new_revision, exhausted=frozenset())
+        # the history changed: a new revision, with nothing exhausted (or rejected) yet
+        return replace(s, revision=event.new_revision, exhausted=frozenset(), rejected=frozenset())
     if isinstance(event, ev.CompactionRejected):
         s = _close(s, event.attempt_id, f"rejected:{event.reject_reason}")
         if event.reason == "automatic" and event.basis.startswith(f"r{s.revision}:"):
             s = replace(s, exhausted=s.exhausted | {event.basis})
         return s
-    if isinstance(event, (ev.CountFailed, ev.MeasurementRefused, ev.ContextLimitReached)):
+    if isinstance(event, ev.ProviderRejected):
+        if event.basis.startswith(f"r{s.revision}:"):
+            return replace(s, rejected=s.rejected | {event.basis})
+        return s
+    if isinstance(event, (ev.CountFailed, ev.MeasurementRefused, ev.ContextLimitReached, ev.UsageReported)):
         return s
     raise TypeError(f"unknown event {event!r}")
 

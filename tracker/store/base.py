@@ -148,10 +148,16 @@ class EventStore(Protocol):
     ) -> Iterator[StoredEvent]: ...
 
     def read_all(
-        self, after_position: int = 0, limit: int = 1000, *, session_prefix: str | None = None
+        self,
+        after_position: int = 0,
+        limit: int = 1000,
+        *,
+        session_prefix: str | None = None,
+        types: Sequence[str] | None = None,
     ) -> list[StoredEvent]:
         """Events after ``after_position`` in commit-safe global order; with ``session_prefix``,
-        only those of sessions whose id starts with it (exact, case-sensitive)."""
+        only those of sessions whose id starts with it (exact, case-sensitive); with ``types``, only
+        events of those types (names of ``[A-Za-z][A-Za-z0-9_]*``)."""
         ...
 
     def stream_version(self, session_id: str) -> int: ...

@@ -17,7 +17,7 @@ from __future__ import annotations
 import bisect
 import json
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -184,14 +184,21 @@ class MemoryEventStore(LogStore):
         return (e.stored() for e in picked)
 
     def read_all(
-        self, after_position: int = 0, limit: int = 1000, *, session_prefix: str | None = None
+        self,
+        after_position: int = 0,
+        limit: int = 1000,
+        *,
+        session_prefix: str | None = None,
+        types: Sequence[str] | None = None,
     ) -> list[StoredEvent]:
         """Position order is commit order here (one lock serialises appends)."""
-        validate.check_read_all(after_position, limit, session_prefix)
+        kinds = validate.check_read_all(after_position, limit, session_prefix, types)
         out: list[StoredEvent] = []
         with self._lock:
             start = bisect.bisect_right(self._log, after_position, key=lambda e: e.position)
             for e in self._log[start:]:
+                if kinds is not None and e.type not in kinds:
+                    continue
                 if session_prefix is None or e.session_id.startswith(session_prefix):
                     out.append(e.stored())
                     if len(out) >= limit:

@@ -132,6 +132,20 @@ _READ_ALL_FLEET = (
     f"SELECT {_EVENT_COLS} FROM events WHERE fleet >= %(f)s AND fleet <= %(f)s AND position > %(p)s "
     "AND txid < pg_snapshot_xmin(pg_current_snapshot())::text::bigint ORDER BY fleet, position LIMIT %(n)s"
 )
+
+
+# Events of some types (the provider reports calibration folds): the types are written into the
+# text as literals (names checked to be [A-Za-z][A-Za-z0-9_]*, sorted), so that a partial index on
+# exactly that list (``ix_events_provider_reports``, migration 0009) can serve the read.
+def _read_all_types(types: tuple[str, ...], prefixed: bool) -> str:
+    listed = ", ".join(f"'{t}'" for t in types)
+    prefix = "AND starts_with(session_id, %s) " if prefixed else ""
+    return (
+        f"SELECT {_EVENT_COLS} FROM events WHERE type IN ({listed}) AND position > %s {prefix}"
+        "AND txid < pg_snapshot_xmin(pg_current_snapshot())::text::bigint ORDER BY position LIMIT %s"
+    )
+
+
 _LOAD = "SELECT version, state::text FROM sessions WHERE session_id = %s"
 _STREAM_VERSION = "SELECT coalesce(max(version), 0) FROM events WHERE session_id = %s"
 
@@ -305,7 +319,13 @@ class PgFastPath:
         upto = MAX_VERSION if to_version is None else to_version
         return [_event(r) for r in self._query("read_stream", _READ_STREAM, (session_id, after, upto, limit))]
 
-    def read_all(self, after_position: int, limit: int, session_prefix: str | None) -> list[StoredEvent]:
+    def read_all(
+        self, after_position: int, limit: int, session_prefix: str | None, types: tuple[str, ...] | None
+    ) -> list[StoredEvent]:
+        if types is not None:
+            sql = _read_all_types(types, session_prefix is not None)
+            args = (after_position, session_prefix, limit) if session_prefix is not None else (after_position, limit)
+            return [_event(r) for r in self._query("read_all", sql, args)]
         if session_prefix is None:
             rows = self._query("read_all", _READ_ALL, (after_position, limit))
         elif session_prefix.endswith(":") and session_prefix.count(":") == 1:  # exactly one fleet

@@ -94,6 +94,9 @@ def json_type() -> JSON:
 # (a BIGINT primary key would not alias the rowid there).
 PositionType = BigInteger().with_variant(Integer(), "sqlite")
 
+#: the partial index's predicate: the types of ``tracker.core.events.PROVIDER_REPORTS``, sorted
+PROVIDER_REPORTS_WHERE = "type IN ('ProviderRejected', 'UsageReported')"
+
 events = Table(
     "events",
     metadata,
@@ -127,6 +130,13 @@ events = Table(
     ),
     # one session's events of a type (the session page's narrow reads; migration 0005)
     Index("ix_events_session_id_type_version", "session_id", "type", "version"),
+    # the provider reports in log order, and nothing else (calibration's catch-up read; migration 0009)
+    Index(
+        "ix_events_provider_reports",
+        "position",
+        postgresql_where=text(PROVIDER_REPORTS_WHERE),
+        sqlite_where=text(PROVIDER_REPORTS_WHERE),
+    ),
     sqlite_autoincrement=True,
 )
 

@@ -54,7 +54,7 @@ from __future__ import annotations
 import json
 import os
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -93,7 +93,9 @@ class _Backend(Protocol):
         self, session_id: str, after: int, to_version: int | None, limit: int
     ) -> list[StoredEvent]: ...
 
-    def read_all(self, after_position: int, limit: int, session_prefix: str | None) -> list[StoredEvent]: ...
+    def read_all(
+        self, after_position: int, limit: int, session_prefix: str | None, types: tuple[str, ...] | None
+    ) -> list[StoredEvent]: ...
 
     def stream_version(self, session_id: str) -> int: ...
 
@@ -353,12 +355,18 @@ class SqlEventStore(LogStore):
             after = page[-1].version
 
     def read_all(
-        self, after_position: int = 0, limit: int = 1000, *, session_prefix: str | None = None
+        self,
+        after_position: int = 0,
+        limit: int = 1000,
+        *,
+        session_prefix: str | None = None,
+        types: Sequence[str] | None = None,
     ) -> list[StoredEvent]:
-        """Commit-safe on both backends (see the module docstring). The ``session_prefix`` filter is
-        part of the same statement, so the result is still a prefix of the (filtered) log in commit order."""
-        validate.check_read_all(after_position, limit, session_prefix)
-        return self._reads.read_all(after_position, limit, session_prefix)
+        """Commit-safe on both backends (see the module docstring). The ``session_prefix`` and ``types``
+        filters are part of the same statement, so the result is still a prefix of the (filtered) log in
+        commit order."""
+        kinds = validate.check_read_all(after_position, limit, session_prefix, types)
+        return self._reads.read_all(after_position, limit, session_prefix, kinds)
 
     def stream_version(self, session_id: str) -> int:
         validate.check_session_id(session_id)

@@ -80,12 +80,16 @@ class SqliteBackend:
         stmt = select(*EVENT_COLUMNS).where(*cond).order_by(e.version).limit(limit)
         return [stored_event(r) for r in self._rows("read_stream", stmt)]
 
-    def read_all(self, after_position: int, limit: int, session_prefix: str | None) -> list[StoredEvent]:
+    def read_all(
+        self, after_position: int, limit: int, session_prefix: str | None, types: tuple[str, ...] | None
+    ) -> list[StoredEvent]:
         e = events_t.c
         cond = [e.position > after_position]
         if session_prefix is not None:
             # substr, not LIKE: SQLite's LIKE is case-insensitive and '_' is a wildcard
             cond.append(func.substr(e.session_id, 1, len(session_prefix)) == session_prefix)
+        if types is not None:
+            cond.append(e.type.in_(types))
         stmt = select(*EVENT_COLUMNS).where(*cond).order_by(e.position).limit(limit)
         return [stored_event(r) for r in self._rows("read_all", stmt)]
 

@@ -149,11 +149,23 @@ def check_limit(limit: Any) -> int:
     return int(limit)
 
 
-def check_read_all(after_position: Any, limit: Any, session_prefix: Any) -> None:
+def check_read_all(after_position: Any, limit: Any, session_prefix: Any, types: Any = None) -> tuple[str, ...] | None:
+    """The checks of ``read_all``; returns ``types`` as a sorted tuple of event type names (or None)."""
     if not is_int(after_position) or after_position < 0:
         raise InvalidInput("after_position", "must be an integer >= 0")
     check_limit(limit)
     check_prefix(session_prefix)
+    if types is None:
+        return None
+    kinds = check_types(types)
+    for t in kinds:
+        if not _TYPE_NAME.fullmatch(t):
+            raise InvalidInput("types", f"each must be an event type name ([A-Za-z][A-Za-z0-9_]*), got {t[:40]!r}")
+    return tuple(sorted(kinds))
+
+
+#: an event type name a ``read_all`` filter may name (so a filter can be written into SQL as a literal)
+_TYPE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,99}")
 
 
 def check_list_sessions(limit: Any, active_since: Any, session_prefix: Any, after: Any) -> None:

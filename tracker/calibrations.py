@@ -1,0 +1,95 @@
+"""Calibration for live decisions: the log's provider reports, folded and kept up to date.
+
+``CalibrationBook`` holds a :class:`~tracker.core.ledger.CalibrationLedger` folded from the store's
+``UsageReported`` and ``ProviderRejected`` events (``read_all(types=PROVIDER_REPORTS)``, served
+by a partial index of just those events) and catches up with the log at most every
+``refresh_s`` seconds, and at once after this process recorded a report itself. So every process
+of a fleet, on any machine, converges on the same ledger: the fold of the same log.
+
+A decision uses what the book knows at that moment and records it (the factor and its samples,
+the limit) in its ``ContextMeasured``: a process that is a few seconds behind decides with a
+slightly older calibration, and replay still reproduces its decision exactly from the record.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from tracker.core.calibration import Calibration
+from tracker.core.events import PROVIDER_REPORTS, event_from_data
+from tracker.core.ledger import CalibrationLedger, ModelSummary
+from tracker.core.model import SessionScope
+from tracker.store.base import EventStore
+
+__all__ = ["CalibrationBook", "ledger_of"]
+
+BATCH = 1000
+
+
+def ledger_of(store: EventStore, *, fleet_prefix: str | None = None) -> CalibrationLedger:
+    """The ledger folded from the whole log (``tracker calibration``; ``fleet_prefix``: one fleet's sessions)."""
+    ledger = CalibrationLedger()
+    _catch_up(store, ledger, 0, fleet_prefix)
+    return ledger
+
+
+def _catch_up(store: EventStore, ledger: CalibrationLedger, position: int, prefix: str | None = None) -> int:
+    while True:
+        batch = store.read_all(position, BATCH, session_prefix=prefix, types=PROVIDER_REPORTS)
+        for e in batch:
+            ledger.fold(SessionScope.fleet_of(e.session_id), event_from_data(e.type, e.data))
+        if batch:
+            position = batch[-1].position
+        if len(batch) < BATCH:
+            return position
+
+
+class CalibrationBook:
+    """The ledger one process decides with (thread-safe). ``enabled=False``: no correction factors
+    (learned limits from rejections still apply: they are facts about the provider, not estimates)."""
+
+    def __init__(
+        self,
+        store: EventStore,
+        *,
+        enabled: bool = True,
+        refresh_s: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.store = store
+        self.enabled = enabled
+        self.refresh_s = refresh_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._ledger = CalibrationLedger()
+        self._position = 0
+        self._read_at: float | None = None
+
+    def stale(self) -> None:
+        """This process recorded a report: read the log again before the next decision."""
+        self._read_at = None
+
+    def refresh(self, *, force: bool = False) -> None:
+        now = self._clock()
+        if not force and self._read_at is not None and now - self._read_at < self.refresh_s:
+            return
+        with self._lock:
+            if not force and self._read_at is not None and now - self._read_at < self.refresh_s:
+                return
+            self._position = _catch_up(self.store, self._ledger, self._position)
+            self._read_at = now
+
+    def for_decision(self, session_id: str, model: str, quality: str) -> tuple[Calibration | None, int | None]:
+        """(calibration, learned limit) for a measurement of ``model`` with ``quality`` in ``session_id``'s fleet."""
+        self.refresh()
+        fleet = SessionScope.fleet_of(session_id)
+        with self._lock:
+            calibration = self._ledger.calibration(fleet, model, quality) if self.enabled else None
+            return calibration, self._ledger.learned_limit(fleet, model)
+
+    def summaries(self, fleet: str | None = None) -> list[ModelSummary]:
+        self.refresh(force=True)
+        with self._lock:
+            return self._ledger.summaries(fleet)
