@@ -217,7 +217,9 @@ class MeasuredRow:
     def drifted(self) -> bool:
         """An exact count the provider billed more than the drift threshold away from."""
         billed = self.billed
-        return self.kind == "exact" and billed is not None and self.counted > 0 and drifted(Fraction(billed, self.counted))
+        return (
+            self.kind == "exact" and billed is not None and self.counted > 0 and drifted(Fraction(billed, self.counted))
+        )
 
 
 class _Series:
@@ -450,13 +452,13 @@ class StoryBuilder:
             self.rows.append(row)
             self.row_of[row.basis] = row
         elif isinstance(e, ev.UsageReported | ev.ProviderRejected):
-            row = self.row_of.get(e.basis)
-            if row is None:  # a report on a measurement before the rows read
+            reported = self.row_of.get(e.basis)
+            if reported is None:  # a report on a measurement before the rows read
                 return
             if isinstance(e, ev.UsageReported):
-                row.billed = e.billed_tokens
+                reported.billed = e.billed_tokens
             else:
-                row.rejection = rejection_of(r, e)
+                reported.rejection = rejection_of(r, e)
 
     def _fold(self, r: Recorded) -> None:
         st = self.state

@@ -144,9 +144,9 @@ def calibration_rows(store: EventStore, viewer: Viewer, fleet_names: dict[str, s
     fleet (``tracker.calibrations.ledger_of``; an operator's: every fleet's), as ``ModelSummary.to_data``
     plus the fleet's name."""
     rows = []
-    for summary in ledger_of(store, fleet_prefix=viewer.prefix).summaries():
-        row = summary.to_data()
-        row["fleet_name"] = fleet_names.get(summary.fleet, summary.fleet) if viewer.kind != "fleet" else ""
+    for model in ledger_of(store, fleet_prefix=viewer.prefix).summaries():
+        row = model.to_data()
+        row["fleet_name"] = fleet_names.get(model.fleet, model.fleet) if viewer.kind != "fleet" else ""
         rows.append(row)
     return rows
 
