@@ -272,10 +272,13 @@ def build_components(settings: Settings | None = None, **overrides: Any) -> Comp
 
 
 def build_hooks(settings: Settings, *, registry: Any = None) -> list[TrackerHooks]:
-    """The Tracker's hooks: decision metrics on ``registry`` (default: prometheus_client's own) unless
-    ``TRACKER_METRICS`` is off; spans and log lines when tracing or id-logging is on (configure them first)."""
+    """The Tracker's hooks: decision metrics on ``registry`` (default: prometheus_client's own; their
+    ``model`` labels from the settings' model registry) unless ``TRACKER_METRICS`` is off; spans and
+    log lines when tracing or id-logging is on (configure them first)."""
     from tracker import telemetry
     from tracker.metrics import decision_metrics
 
-    metrics: list[TrackerHooks] = [decision_metrics(registry)] if settings.telemetry.metrics else []
+    metrics: list[TrackerHooks] = []
+    if settings.telemetry.metrics:
+        metrics.append(decision_metrics(registry, models=build_registry(settings)))
     return [*metrics, telemetry.TelemetryHooks()] if telemetry.active() else metrics

@@ -132,6 +132,8 @@ def test_counts_of_the_recorded_session(report):
         "rejected": 3,
         "count_failed": 1,
         "context_limit": 1,
+        "usage_reports": 0,
+        "provider_rejections": 0,
     }
 
 

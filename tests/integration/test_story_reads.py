@@ -114,3 +114,34 @@ def test_read_story_of_an_unknown_session_and_a_short_one(store, views):
         assert getattr(narrow, name) == getattr(full, name), name
     assert narrow.points == full.points  # fewer measurements than the sample: every one is drawn
     assert [r[0] for r in narrow.rows] == list(range(1, 11))
+
+
+def test_read_story_of_a_session_with_the_providers_reports(store, views):
+    """Usage reports (billed dots, the measurements table) and a provider rejection (its marker, the
+    account's sentence) read the same through the narrow reads as off every event."""
+    import random
+
+    from tests.support.sim_provider import CODING_AGENT, SimProvider, session
+    from tracker.counting.backends import InProcessCounting
+    from tracker.counting.registry import ModelRegistry
+    from tracker.service import Tracker
+
+    t = Tracker(store, counting=InProcessCounting(ModelRegistry.load()))
+    sim = SimProvider()
+    requests = session(random.Random(1), CODING_AGENT, 70)
+    for i, request in enumerate(requests[:69]):
+        t.observe("billed", request=request, model="claude-sonnet-4-5", basis=f"m{i}")
+        t.report_usage("billed", basis=f"m{i}", input_tokens=sim.billed(request))
+    t.report_rejection("billed", basis="m68", input_tokens=70_000, input_limit=69_000)
+    t.observe("billed", request=requests[69], model="claude-sonnet-4-5", basis="m69")
+    full = build_story("billed", store.read_stream("billed"), table_rows=0)
+    narrow = read_story(store, "billed", views=views)
+    for name in (*SHOWN, "rejections", "measured_rows", "billed"):
+        assert getattr(narrow, name) == getattr(full, name), name
+    assert account(narrow) == account(full)
+    assert narrow.counts["usage_reports"] == 69 and narrow.counts["provider_rejections"] == 1
+    assert len(narrow.measured_rows) == 50 and narrow.measured_rows[-1].limit == 69_000  # the learned limit
+    assert [r.basis for r in narrow.measured_rows if r.rejection] == ["r1:m68"]
+    assert sum(r.billed is not None for r in narrow.measured_rows) == 49  # all but the last, unreported
+    assert [m.kind for m in narrow.markers] == ["provider_rejected", "open"]  # m69 compacts at the learned limit
+    assert any("rejected the request of r1:m68 as too long: 70,000 > 69,000" in line for line in account(narrow))

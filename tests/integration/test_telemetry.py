@@ -414,6 +414,100 @@ def test_promtool_checks_the_rules():
     assert "SUCCESS" in proc.stdout
 
 
+def test_promtool_fires_the_provider_alerts_on_drift_and_rejections(tmp_path):
+    """``promtool test rules`` on series shaped like ours: an exact counter billed 4 % over its
+    count fires the drift alert (one 1 % off does not), one rejection fires the rejection alert
+    for ten minutes."""
+    import yaml
+
+    from tracker.metrics import DRIFT_BUCKETS
+
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool is not installed (apt-get install prometheus; .ci/run does)")
+
+    def drift(model: str, ratio: float, per_minute: int) -> list[dict[str, str]]:
+        series = [
+            {
+                "series": f'tracker_count_drift_ratio_bucket{{model="{model}",counter="exact",le="{le}"}}',
+                "values": f"0+{per_minute if le == '+Inf' or ratio <= float(le) else 0}x90",
+            }
+            for le in [*map(str, DRIFT_BUCKETS), "+Inf"]
+        ]
+        count = f'tracker_count_drift_ratio_count{{model="{model}",counter="exact"}}'
+        return [*series, {"series": count, "values": f"0+{per_minute}x90"}]
+
+    rejected = {"series": 'tracker_provider_rejections_total{model="claude-sonnet-4-5"}', "values": "0 0 0" + " 1" * 30}
+    warning = {"severity": "warning"}
+    tests = {
+        "rule_files": [str(DEPLOY / "prometheus" / "alerts.yml")],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [*drift("gpt-4o", 1.04, 2), *drift("gpt-4.1", 0.99, 2), rejected],
+                "alert_rule_test": [
+                    {"eval_time": "10m", "alertname": "TrackerExactCounterDrift", "exp_alerts": []},
+                    {
+                        "eval_time": "50m",
+                        "alertname": "TrackerExactCounterDrift",
+                        "exp_alerts": [
+                            {
+                                "exp_labels": {**warning, "model": "gpt-4o"},
+                                "exp_annotations": {
+                                    "summary": "Model gpt-4o: the provider bills 3.5% away from the exact count (median)",
+                                    "description": "",
+                                },
+                            }
+                        ],
+                    },
+                    {
+                        "eval_time": "5m",
+                        "alertname": "TrackerProviderRejection",
+                        "exp_alerts": [
+                            {
+                                "exp_labels": {**warning, "model": "claude-sonnet-4-5"},
+                                "exp_annotations": {
+                                    "summary": "Model claude-sonnet-4-5: the provider rejected requests as too long (1 in 10 min)",
+                                    "description": "",
+                                },
+                            }
+                        ],
+                    },
+                    {"eval_time": "20m", "alertname": "TrackerProviderRejection", "exp_alerts": []},
+                ],
+            }
+        ],
+    }
+    rules = yaml.safe_load((DEPLOY / "prometheus" / "alerts.yml").read_text(encoding="utf-8"))
+    descriptions = {r["alert"]: r["annotations"].get("description", "") for g in rules["groups"] for r in g["rules"]}
+    for case in tests["tests"][0]["alert_rule_test"]:
+        for alert in case["exp_alerts"]:
+            alert["exp_annotations"]["description"] = descriptions[case["alertname"]]
+    path = tmp_path / "provider_alerts_test.yml"
+    path.write_text(yaml.safe_dump(tests, sort_keys=False), encoding="utf-8")
+    proc = subprocess.run([promtool, "test", "rules", str(path)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "SUCCESS" in proc.stdout + proc.stderr
+
+
+def test_the_dashboard_draws_drift_and_rejections_without_overlapping_panels():
+    dashboard = json.loads((DEPLOY / "grafana" / "dashboards" / "tracker.json").read_text(encoding="utf-8"))
+    panels = dashboard["panels"]
+    exprs = {p["title"]: " ".join(t["expr"] for t in p.get("targets", ())) for p in panels}
+    drift = [t for t, e in exprs.items() if "tracker_count_drift_ratio_bucket" in e]
+    rejections = [t for t, e in exprs.items() if "tracker_provider_rejections_total" in e]
+    assert drift and rejections, exprs
+    assert "by (model, counter, le)" in exprs[drift[0]]  # per model and counter kind
+    assert len({p["id"] for p in panels}) == len(panels)
+    cells = set()
+    for p in panels:
+        g = p["gridPos"]
+        mine = {(x, y) for x in range(g["x"], g["x"] + g["w"]) for y in range(g["y"], g["y"] + g["h"])}
+        assert not cells & mine, f"panel {p['title']!r} overlaps another"
+        cells |= mine
+
+
 # -- JSON logs: parse, carry the ids, hold no secret ----------------------------------------------------
 
 

@@ -4,9 +4,11 @@ The stream is an attempt's window of events, a replay up to an earlier version, 
 projections, or (through :class:`StoryBuilder`, from :func:`tracker.audit.story.read_story`) the
 lifecycle events and a sample of the measurements. Memory stays bounded however long the session
 is: the chart keeps at most ``MAX_POINTS`` measurements (peaks and troughs of merged buckets),
-``MAX_DROPS`` compaction drops and ``MAX_MARKERS`` markers; the attempts table the newest
-``MAX_ATTEMPT_ROWS`` attempts, the count-failure table the newest ``MAX_FAILURE_ROWS``; the event
-table (static report only) the first ``MAX_TABLE_ROWS`` events. Events are read as the core's
+``MAX_DROPS`` compaction drops, ``MAX_MARKERS`` markers and ``MAX_POINTS`` billed counts (the
+provider's usage reports); the attempts table the newest ``MAX_ATTEMPT_ROWS`` attempts, the
+count-failure table the newest ``MAX_FAILURE_ROWS``, the measurements table the newest
+``MAX_MEASURED_ROWS`` measurements (each beside what the provider billed for it, or its
+rejection); the event table (static report only) the first ``MAX_TABLE_ROWS`` events. Events are read as the core's
 typed classes (:func:`tracker.queries.decode`) and every figure is read off them.
 """
 
@@ -16,11 +18,14 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
+from fractions import Fraction
 from typing import Any
 
 from tracker.audit.format import summary
 from tracker.core import SessionState, apply
 from tracker.core import events as ev
+from tracker.core.calibration import drifted
+from tracker.core.ledger import kind_of
 from tracker.queries import Recorded, Unrecognised, decode_all
 from tracker.store import StoredEvent
 
@@ -30,8 +35,20 @@ MAX_MARKERS = 590
 MAX_DROPS = 400
 MAX_ATTEMPT_ROWS = 500
 MAX_FAILURE_ROWS = 200
+MAX_MEASURED_ROWS = 50
+MAX_REJECTIONS = 200
 
-COUNT_KEYS = ("events", "measurements", "attempts", "committed", "rejected", "count_failed", "context_limit")
+COUNT_KEYS = (
+    "events",
+    "measurements",
+    "attempts",
+    "committed",
+    "rejected",
+    "count_failed",
+    "context_limit",
+    "usage_reports",
+    "provider_rejections",
+)
 
 
 def revision_of(basis: str) -> int | None:
@@ -102,12 +119,107 @@ class Limit:
 @dataclass
 class Point:
     t: float
-    used: int
-    limit: int
+    used: int  # the count decided on (the counter's, corrected by calibration)
+    limit: int  # the input limit decided against
     compact: int
     rearm: int
     hard: int
     version: int
+    counted: int | None = None  # the counter's raw count, when calibration corrected it
+
+
+@dataclass(frozen=True)
+class Billed:
+    """One ``UsageReported``: what the provider billed for a measured request (a dot on the chart)."""
+
+    t: float
+    version: int
+    basis: str
+    billed: int
+    counted: int  # the measurement's raw count
+
+    @property
+    def ratio(self) -> float:
+        return self.billed / self.counted if self.counted else 0.0
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """One ``ProviderRejected``: the provider refused a request as too long."""
+
+    version: int
+    at: datetime
+    basis: str
+    model: str
+    counted: int
+    measured_limit: int
+    input_tokens: int | None  # the provider's numbers, when its message stated them
+    input_limit: int | None
+    learned_limit: int | None
+
+    @property
+    def numbers(self) -> str:
+        """``"201,000 > 200,000"``: the provider's count and limit, as far as known."""
+        given = self.input_tokens is not None or self.input_limit is not None
+        if not given:
+            return "no numbers given"
+        got = "?" if self.input_tokens is None else f"{self.input_tokens:,}"
+        limit = "?" if self.input_limit is None else f"{self.input_limit:,}"
+        return f"{got} > {limit}"
+
+    def label(self) -> str:
+        learned = f"; learned limit {self.learned_limit:,}" if self.learned_limit is not None else ""
+        return f"provider rejected {self.basis} as too long: {self.numbers} (counted {self.counted:,}){learned}"
+
+
+def rejection_of(r: Recorded, e: ev.ProviderRejected) -> Rejection:
+    return Rejection(
+        r.version,
+        r.recorded_at,
+        e.basis,
+        e.model,
+        e.counted_tokens,
+        e.measured_limit,
+        e.input_tokens,
+        e.input_limit,
+        e.learned_limit,
+    )
+
+
+@dataclass
+class MeasuredRow:
+    """A row of the measurements table: the count, the decision's count, and the provider's numbers."""
+
+    version: int
+    at: datetime
+    basis: str
+    model: str
+    quality: str
+    counted: int  # the counter's raw count
+    decided: int  # the count decided on
+    limit: int  # the input limit decided against
+    factor: float | None  # the calibration factor applied (None: none)
+    action: str
+    billed: int | None = None  # the provider's billed input for this request (its usage report)
+    rejection: Rejection | None = None
+
+    @property
+    def ratio(self) -> float | None:
+        """billed ÷ counted (the raw count), when the provider reported usage."""
+        return None if self.billed is None or not self.counted else self.billed / self.counted
+
+    @property
+    def kind(self) -> str:
+        """The counter's kind: ``estimate`` (calibrated) or ``exact`` (whose billed ÷ counted is drift)."""
+        return kind_of(self.quality)
+
+    @property
+    def drifted(self) -> bool:
+        """An exact count the provider billed more than the drift threshold away from."""
+        billed = self.billed
+        return (
+            self.kind == "exact" and billed is not None and self.counted > 0 and drifted(Fraction(billed, self.counted))
+        )
 
 
 class _Series:
@@ -203,6 +315,9 @@ class Story:
     attempts: list[Attempt] = field(default_factory=list)  # the newest MAX_ATTEMPT_ROWS, in order
     failures: list[Failure] = field(default_factory=list)  # the newest MAX_FAILURE_ROWS count failures
     failure_kinds: dict[str, int] = field(default_factory=dict)
+    billed: list[Billed] = field(default_factory=list)  # the provider's usage reports (at most MAX_POINTS)
+    rejections: list[Rejection] = field(default_factory=list)  # the newest MAX_REJECTIONS provider rejections
+    measured_rows: list[MeasuredRow] = field(default_factory=list)  # the newest MAX_MEASURED_ROWS measurements
     reject_reasons: dict[str, int] = field(default_factory=dict)
     rows: list[tuple[int, str, str, str]] = field(default_factory=list)  # (version, recorded at, type, summary)
     first_at: datetime | None = None
@@ -255,6 +370,12 @@ class StoryBuilder:
         self.open_: dict[str, Attempt] = {}
         self.done: deque[Attempt] = deque(maxlen=MAX_ATTEMPT_ROWS)
         self.failures: deque[Failure] = deque(maxlen=MAX_FAILURE_ROWS)
+        self.billed: list[Billed] = []
+        self.billed_stride = 1
+        self.billed_seen = 0
+        self.rejections: deque[Rejection] = deque(maxlen=MAX_REJECTIONS)
+        self.rows: deque[MeasuredRow] = deque(maxlen=MAX_MEASURED_ROWS)
+        self.row_of: dict[str, MeasuredRow] = {}  # basis -> its newest row (while in ``rows``)
         self.state: SessionState | None = SessionState(session_id=session_id) if fold else None
 
     def measured(self, r: Recorded) -> None:
@@ -263,21 +384,81 @@ class StoryBuilder:
         if not isinstance(e, ev.ContextMeasured):
             return
         s, m = self.s, e.measurement
+        used, raw = e.decided_tokens, m["input_tokens"]
         self.series.add(
             Point(
                 r.recorded_at.timestamp(),
-                m["input_tokens"],
-                m["input_limit"],
+                used,
+                e.decided_limit,
                 e.compact_level,
                 e.rearm_level,
                 e.hard_level,
                 r.version,
+                counted=raw if raw != used else None,
             )
         )
         s.pressure, s.occupancy_bp = e.pressure, e.occupancy_bp
-        s.last_tokens, s.last_limit = m["input_tokens"], m["input_limit"]
+        s.last_tokens, s.last_limit = used, e.decided_limit
         if e.pressure == "normal":  # the loop breaker's episode ends when pressure is back to normal
             s.episode = []
+
+    def usage(self, r: Recorded) -> None:
+        """A ``UsageReported``: a billed dot of the chart (every ``billed_stride``-th, at most ~MAX_POINTS)."""
+        e = r.event
+        if not isinstance(e, ev.UsageReported):
+            return
+        self.billed_seen += 1
+        if (self.billed_seen - 1) % self.billed_stride:
+            return
+        self.billed.append(Billed(r.recorded_at.timestamp(), r.version, e.basis, e.billed_tokens, e.counted_tokens))
+        if len(self.billed) > MAX_POINTS:
+            self.billed = self.billed[::2]
+            self.billed_stride *= 2
+
+    def provider_rejected(self, r: Recorded) -> Rejection | None:
+        """A ``ProviderRejected``: its marker on the chart and a row of the rejections."""
+        e = r.event
+        if not isinstance(e, ev.ProviderRejected):
+            return None
+        rej = rejection_of(r, e)
+        self.rejections.append(rej)
+        y = e.input_tokens if e.input_tokens is not None else e.counted_tokens
+        self.markers.add(Marker(r.recorded_at.timestamp(), "provider_rejected", rej.label(), r.version, y=y))
+        return rej
+
+    def table_row(self, r: Recorded) -> None:
+        """The measurements table: a ``ContextMeasured`` opens a row, the basis's report fills it in."""
+        e = r.event
+        if isinstance(e, ev.ContextMeasured):
+            m = e.measurement
+            cal = e.calibration
+            model = m.get("model")
+            row = MeasuredRow(
+                r.version,
+                r.recorded_at,
+                str(m["basis"]),
+                str(model.get("name", "")) if isinstance(model, dict) else str(model or ""),
+                str(m.get("quality", "")),
+                m["input_tokens"],
+                e.decided_tokens,
+                e.decided_limit,
+                cal["factor_bp"] / 10_000 if isinstance(cal, dict) and "factor_bp" in cal else None,
+                e.action,
+            )
+            if len(self.rows) == self.rows.maxlen:
+                gone = self.rows[0]
+                if self.row_of.get(gone.basis) is gone:
+                    del self.row_of[gone.basis]
+            self.rows.append(row)
+            self.row_of[row.basis] = row
+        elif isinstance(e, ev.UsageReported | ev.ProviderRejected):
+            reported = self.row_of.get(e.basis)
+            if reported is None:  # a report on a measurement before the rows read
+                return
+            if isinstance(e, ev.UsageReported):
+                reported.billed = e.billed_tokens
+            else:
+                reported.rejection = rejection_of(r, e)
 
     def _fold(self, r: Recorded) -> None:
         st = self.state
@@ -305,6 +486,15 @@ class StoryBuilder:
             case ev.ContextMeasured():
                 counts["measurements"] += 1
                 self.measured(r)
+                self.table_row(r)
+            case ev.UsageReported():
+                counts["usage_reports"] += 1
+                self.usage(r)
+                self.table_row(r)
+            case ev.ProviderRejected():
+                counts["provider_rejections"] += 1
+                self.provider_rejected(r)
+                self.table_row(r)
             case ev.CompactionStarted():
                 counts["attempts"] += 1
                 a = Attempt(
@@ -406,6 +596,9 @@ class StoryBuilder:
             )
         s.attempts = sorted([*self.done, *still_open], key=lambda a: a.opened_v)[-MAX_ATTEMPT_ROWS:]
         s.failures = list(self.failures)
+        s.billed = self.billed
+        s.rejections = list(self.rejections)
+        s.measured_rows = list(self.rows)
         if not s.ended_at_limit:
             s.limit_state = None  # kept only for the account of a session that ended at its limit
         return s

@@ -1,9 +1,11 @@
 """The session timeline as inline SVG, drawn on the server (no script, no network).
 
-A real time axis (wall-clock ticks, UTC) and a token axis; the used tokens of each measurement;
+A real time axis (wall-clock ticks, UTC) and a token axis; the used tokens of each measurement
+(the count decided on) and, where calibration corrected it, the counter's raw count as a dashed
+line; what the provider billed (its usage reports) as dots beside them;
 the compact, rearm and hard levels as step lines; each committed compaction an instant vertical
-drop from tokens before to tokens after; rejected attempts, count failures, context-limit errors
-and still-open attempts as markers of distinct shapes and colours, explained by a visible legend
+drop from tokens before to tokens after; rejected attempts, count failures, context-limit errors,
+provider rejections and still-open attempts as markers of distinct shapes and colours, explained by a visible legend
 (:data:`LEGEND`). Every marker is a ``<g class='marker KIND'>`` with a ``<title>``.
 """
 
@@ -22,6 +24,9 @@ PAD_L, PAD_R, PAD_T, PAD_B = 78, 112, 30, 52
 
 COLOURS = {
     "used": "#1565c0",  # blue
+    "counted": "#64b5f6",  # light blue, dashed: the raw count where calibration corrected it
+    "billed": "#6d4c41",  # brown dots: what the provider billed
+    "provider_rejected": "#d81b60",  # pink ▼: the provider refused the request as too long
     "compact": "#ef6c00",  # orange, dashed
     "rearm": "#757575",  # grey, dotted
     "hard": "#b71c1c",  # dark red, solid
@@ -33,8 +38,11 @@ COLOURS = {
 }
 
 #: (key, label, how it is drawn) -- the legend under the chart's title, in the same colours
+#: (the provider's marks, :data:`PROVIDER_KEYS`, only where the session has them)
 LEGEND = (
-    ("used", "used tokens (each measurement)", "line"),
+    ("used", "used tokens (each measurement; the count decided on)", "line"),
+    ("counted", "counted (raw, before calibration)", "dash"),
+    ("billed", "billed by the provider", "dot-mark"),
     ("compact", "compact level", "dash"),
     ("rearm", "rearm level", "dot"),
     ("hard", "hard limit", "line"),
@@ -42,8 +50,22 @@ LEGEND = (
     ("rejected", "attempt rejected", "cross"),
     ("count_failed", "count failed", "diamond"),
     ("context_limit", "ContextLimitError", "square"),
+    ("provider_rejected", "provider rejected as too long", "triangle"),
     ("open", "attempt still open", "circle"),
 )
+
+PROVIDER_KEYS = ("counted", "billed", "provider_rejected")
+
+
+def legend_of(s: Story) -> list[tuple[str, str, str]]:
+    """The legend's entries for ``s``: every mark, the provider's only where drawn."""
+    shown = {
+        "counted": any(p.counted is not None for p in s.points),
+        "billed": bool(s.billed),
+        "provider_rejected": any(m.kind == "provider_rejected" for m in s.markers),
+    }
+    return [entry for entry in LEGEND if shown.get(entry[0], True)]
+
 
 _TIME_STEPS = (
     0.001,
@@ -132,8 +154,8 @@ def render_chart(s: Story) -> Markup:
     t0, t1 = s.first_at.timestamp(), s.last_at.timestamp()
     if t1 - t0 < 1e-3:
         t1 = t0 + 1e-3
-    top = max(max(p.used, p.hard) for p in s.points)
-    top = max([top] + [m.y or 0 for m in s.drops] + [m.y or 0 for m in s.markers])
+    top = max(max(p.used, p.hard, p.counted or 0) for p in s.points)
+    top = max([top] + [m.y or 0 for m in s.drops] + [m.y or 0 for m in s.markers] + [b.billed for b in s.billed])
     ystep = nice_step(top * 1.05, 5)
     ymax = math.ceil(top * 1.05 / ystep) * ystep
     plot_w, plot_h = W - PAD_L - PAD_R, H - PAD_T - PAD_B
@@ -216,7 +238,25 @@ def render_chart(s: Story) -> Markup:
             assert item.y is not None and item.y2 is not None
             x = crisp(sx(item.t))  # where its marker draws the drop
             parts.append(f"{'L' if parts else 'M'}{x:.1f},{sy(item.y):.1f} L{x:.1f},{sy(item.y2):.1f}")
+    if any(p.counted is not None for p in s.points):  # the raw count, where calibration corrected it
+        raw = " ".join(
+            f"{'M' if i == 0 else 'L'}{sx(p.t):.1f},{sy(p.used if p.counted is None else p.counted):.1f}"
+            for i, p in enumerate(s.points)
+        )
+        out.append(
+            f"<path class='counted' d='{raw}' fill='none' stroke='{COLOURS['counted']}' stroke-width='1.5' "
+            "stroke-dasharray='6,3'/>"
+        )
     out.append(f"<path class='used' d='{' '.join(parts)}' fill='none' stroke='{COLOURS['used']}' stroke-width='2'/>")
+    if s.billed:  # what the provider billed, one dot per usage report
+        out.append(f"<g class='billed' fill='{COLOURS['billed']}'>")
+        for b in s.billed:
+            out.append(
+                f"<circle cx='{sx(b.t):.1f}' cy='{sy(b.billed):.1f}' r='3' data-v='{b.version}'>"
+                f"<title>{escape(b.basis)}: billed {b.billed:,}, counted {b.counted:,} (×{b.ratio:.3f}) (v{b.version})"
+                "</title></circle>"
+            )
+        out.append("</g>")
     # markers
     for m in [*s.drops, *s.markers]:
         out.append(_marker(m, sx(m.t), sy, crisp))
@@ -263,6 +303,12 @@ def _marker(m: Marker, x: float, sy: Callable[[float], float], crisp: Callable[[
         return (
             f"{head}{guide}<polygon points='{x:.1f},{strip - 7} {x + 7:.1f},{strip} {x:.1f},{strip + 7} {x - 7:.1f},{strip}' "
             f"fill='{c}'/></g>"
+        )
+    if m.kind == "provider_rejected":
+        cy = sy(m.y) if m.y is not None else strip
+        return (
+            f"{head}{guide}<polygon points='{x - 7:.1f},{cy - 12:.1f} {x + 7:.1f},{cy - 12:.1f} {x:.1f},{cy:.1f}' "
+            f"fill='{c}' stroke='#fff' stroke-width='1'/></g>"
         )
     if m.kind == "context_limit":
         cy = sy(m.y) if m.y is not None else strip

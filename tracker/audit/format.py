@@ -46,6 +46,19 @@ def summary(event: ev.DomainEvent | Unrecognised) -> str:
             return f"{event.kind} for {event.model}: {event.detail}"
         case ev.ContextLimitReached():
             return f"{event.input_tokens} tokens ≥ limit {event.input_limit} on {event.basis}"
+        case ev.UsageReported():
+            ratio = f" (×{event.billed_tokens / event.counted_tokens:.3f})" if event.counted_tokens else ""
+            cache = (
+                f", cache read {event.cache_read_tokens} / write {event.cache_write_tokens}"
+                if event.cache_read_tokens or event.cache_write_tokens
+                else ""
+            )
+            return f"{event.basis}: billed {event.billed_tokens}, counted {event.counted_tokens}{ratio}{cache}"
+        case ev.ProviderRejected():
+            got = "?" if event.input_tokens is None else event.input_tokens
+            limit = "?" if event.input_limit is None else event.input_limit
+            learned = "" if event.learned_limit is None else f", learned limit {event.learned_limit}"
+            return f"{event.basis}: provider rejected as too long: {got} > {limit} (counted {event.counted_tokens}){learned}"
         case ev.MeasurementRefused():
             return f"{event.kind}: {event.basis} (session at r{event.current_revision})"
         case ev.SessionStarted(policy=p):

@@ -9,14 +9,14 @@ passes its own template folder to it.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import jinja2
 
 from tracker.audit.builder import Story
-from tracker.audit.chart import COLOURS, LEGEND, render_chart
+from tracker.audit.chart import COLOURS, legend_of, render_chart
 from tracker.audit.story import account
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -28,6 +28,11 @@ def _hms(value: datetime | None) -> str:
 
 def _when(value: datetime | None) -> str:
     return value.strftime("%Y-%m-%d %H:%M:%S") if value is not None else ""
+
+
+def _epoch(value: float | None) -> str:
+    """Seconds since the epoch as ``YYYY-MM-DD HH:MM:SS`` (UTC); empty for none or 0."""
+    return datetime.fromtimestamp(value, UTC).strftime("%Y-%m-%d %H:%M:%S") if value else ""
 
 
 def _ms(value: int | None) -> str:
@@ -54,7 +59,7 @@ def environment(*extra: Path) -> jinja2.Environment:
         lstrip_blocks=False,
         undefined=jinja2.StrictUndefined,
     )
-    env.filters.update(hms=_hms, when=_when, ms=_ms, tokens=_tokens, plural=_plural)
+    env.filters.update(hms=_hms, when=_when, epoch=_epoch, ms=_ms, tokens=_tokens, plural=_plural)
     return env
 
 
@@ -66,7 +71,7 @@ def session_context(story: Story) -> dict[str, Any]:
         "account": account(story),
         "ended_at_limit": ended,
         "chart": render_chart(story),
-        "legend": [(key, label, shape, COLOURS[key]) for key, label, shape in LEGEND],
+        "legend": [(key, label, shape, COLOURS[key]) for key, label, shape in legend_of(story)],
         "attempts_skipped": story.counts["attempts"] - len(story.attempts),
     }
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from tracker.audit.builder import (
     COUNT_KEYS,
+    MAX_MEASURED_ROWS,
     MAX_POINTS,
     Limit,
     Story,
@@ -46,7 +47,8 @@ __all__ = [
     "why_at_limit",
 ]
 
-#: the events :func:`read_story` reads in full (few, however long the session): everything but measurements
+#: the events :func:`read_story` reads in full (few, however long the session): everything but
+#: measurements and usage reports (one each per request)
 LIFECYCLE_EVENTS: tuple[type[ev.DomainEvent], ...] = (
     ev.SessionStarted,
     ev.CompactionStarted,
@@ -54,9 +56,13 @@ LIFECYCLE_EVENTS: tuple[type[ev.DomainEvent], ...] = (
     ev.CompactionRejected,
     ev.CountFailed,
     ev.ContextLimitReached,
+    ev.ProviderRejected,
 )
 LIFECYCLE = type_names(*LIFECYCLE_EVENTS)
 MEASURED = ev.ContextMeasured.TYPE
+USAGE = ev.UsageReported.TYPE
+#: the measurements table's events: the newest measurements and the provider's reports on them
+TABLE_TYPES = type_names(ev.ContextMeasured, ev.UsageReported, ev.ProviderRejected)
 SAMPLE_POINTS = 1500  # measurements picked evenly for the chart ...
 PEAK_POINTS = 1000  # ... plus at most this many of those that opened an attempt or met the limit
 
@@ -109,11 +115,16 @@ def read_story(
             if e.version not in seen:
                 seen.add(e.version)
                 b.measured(decode(e))
+        for rec in decode_all(narrow.last_of_types(session_id, TABLE_TYPES, 3 * MAX_MEASURED_ROWS, version)):
+            b.table_row(rec)
         last = decode(sample[-1])  # the sample always holds the newest measurement
         if last.version < last_limit:
             pressure = "hard_limit"
         elif isinstance(last.event, ev.ContextMeasured):
             pressure = last.event.pressure
+    if by_type.get(USAGE):  # the billed dots: an even sample of the usage reports
+        for rec in decode_all(narrow.sample_of_type(session_id, USAGE, SAMPLE_POINTS, version, total=by_type[USAGE])):
+            b.usage(rec)
     # the episode: the automatic attempts since the last commit (the builder's) that are also
     # among the ``episode_automatic`` since pressure was last back to normal (the projection's)
     since_normal = int(state.get("episode_automatic") or 0)
@@ -129,6 +140,8 @@ def read_story(
         "rejected": by_type.get(ev.CompactionRejected.TYPE, 0),
         "count_failed": by_type.get(ev.CountFailed.TYPE, 0),
         "context_limit": by_type.get(ev.ContextLimitReached.TYPE, 0),
+        "usage_reports": by_type.get(USAGE, 0),
+        "provider_rejections": by_type.get(ev.ProviderRejected.TYPE, 0),
     }
     ends = narrow.read_versions(session_id, [1, version])
     story.first_at, story.last_at, story.version = ends[0].recorded_at, ends[-1].recorded_at, version
@@ -208,6 +221,7 @@ def account(s: Story) -> list[str]:
                 f"the last at v{limit.version} ({limit.input_tokens:,} ≥ {limit.input_limit:,} tokens), "
                 "and went on after that."
             )
+    out.extend(provider_lines(s))
     tail = [
         f"{_n(c['attempts'])} compaction {_plural(c['attempts'], 'attempt')}: "
         f"{c['committed']} committed, {c['rejected']} rejected"
@@ -219,6 +233,50 @@ def account(s: Story) -> list[str]:
         tail.append(f"{_n(c['count_failed'])} count {_plural(c['count_failed'], 'failure')} ({kinds})")
     out.append("Over its life: " + "; ".join(tail) + f" across {c['events']:,} {_plural(c['events'], 'event')}.")
     return out
+
+
+def provider_lines(s: Story) -> list[str]:
+    """What the provider said about the session's requests: what it billed against what was counted,
+    the calibration decisions used, and each rejection's numbers and the limit it taught."""
+    c = s.counts
+    out: list[str] = []
+    if c.get("usage_reports"):
+        n = c["usage_reports"]
+        ratios = sorted(b.ratio for b in s.billed if b.counted)
+        line = f"The provider billed {_n(n)} {_plural(n, 'request')} of this session"
+        if ratios:
+            median = quantile_of(ratios, 0.5)
+            spread = (
+                f" (10–90 %: {quantile_of(ratios, 0.1):.3f}–{quantile_of(ratios, 0.9):.3f})" if len(ratios) >= 5 else ""
+            )
+            line += f": billed ÷ counted {median:.3f} at the median{spread}"
+        factored = [r for r in s.measured_rows if r.factor is not None]
+        if factored:
+            last = factored[-1]
+            line += (
+                f"; the last calibrated decision (v{last.version}) counted {last.counted:,} tokens and decided on "
+                f"{last.decided:,} (factor {last.factor:.4f})"
+            )
+        out.append(line + ".")
+    for rej in s.rejections[-3:]:
+        learned = (
+            f"; the tracker learned a limit of {rej.learned_limit:,} tokens for {rej.model}"
+            if rej.learned_limit is not None
+            else "; no lower limit was learned from it"
+        )
+        out.append(
+            f"At v{rej.version} the provider rejected the request of {rej.basis} as too long: {rej.numbers} "
+            f"(the tracker had counted {rej.counted:,} against a limit of {rej.measured_limit:,}){learned}."
+        )
+    earlier = c.get("provider_rejections", 0) - min(3, len(s.rejections))
+    if earlier > 0:
+        out.append(f"The provider rejected {_n(earlier)} earlier {_plural(earlier, 'request')} as too long too.")
+    return out
+
+
+def quantile_of(ordered: list[float], q: float) -> float:
+    """The ``q`` quantile of an ascending list (nearest rank)."""
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
 def why_at_limit(s: Story) -> Eligibility | None:

@@ -150,7 +150,7 @@ def overview(request: Request, q: str = "", pressure: str = "", since: str = "")
         fleet_names: dict[str, str] = {}
         if viewer.kind != "fleet":
             fleet_names = {f["fleet_id"]: f["name"] for f in _runtime(request).fleets().list_fleets()}
-        ctx = vm.overview(_views(request), viewer, fleet_names, q.strip(), pressure, since)
+        ctx = vm.overview(_store(request), _views(request), viewer, fleet_names, q.strip(), pressure, since)
         return _page(request, "overview.html.j2", viewer=viewer, **ctx)
     except TrackerError as exc:
         return _error_page(request, viewer, exc)

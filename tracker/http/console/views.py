@@ -22,6 +22,7 @@ from tracker.audit.format import summary
 from tracker.audit.pages import session_context
 from tracker.audit.replay import whatif_rows
 from tracker.audit.story import read_story
+from tracker.calibrations import ledger_of
 from tracker.core import EVENT_TYPES as CORE_EVENT_TYPES
 from tracker.core import PRESSURES, Policy, check_session_id
 from tracker.core.events import (
@@ -81,9 +82,16 @@ def _row(r: Recorded) -> Row:
 
 
 def overview(
-    views: SessionViews, viewer: Viewer, fleet_names: dict[str, str], q: str, pressure: str, since: str
+    store: EventStore,
+    views: SessionViews,
+    viewer: Viewer,
+    fleet_names: dict[str, str],
+    q: str,
+    pressure: str,
+    since: str,
 ) -> dict[str, Any]:
-    """The fleet overview: sessions (filtered), counts by pressure, the nearest to their limit, recent activity."""
+    """The fleet overview: sessions (filtered), counts by pressure, the nearest to their limit, recent
+    activity, and the calibration of each model (what the provider billed against what was counted)."""
     if pressure and pressure not in PRESSURES:
         raise InvalidInput("pressure", f"must be one of {', '.join(PRESSURES)}, got {pressure!r}")
     if since and since not in SINCE:
@@ -127,7 +135,20 @@ def overview(
         "pressures": PRESSURES,
         "since_choices": list(SINCE),
         "show_fleet": show_fleet,
+        "calibration": calibration_rows(store, viewer, fleet_names),
     }
+
+
+def calibration_rows(store: EventStore, viewer: Viewer, fleet_names: dict[str, str]) -> list[dict[str, Any]]:
+    """Per (fleet, model, counter kind): the ledger folded from the provider reports of the viewer's
+    fleet (``tracker.calibrations.ledger_of``; an operator's: every fleet's), as ``ModelSummary.to_data``
+    plus the fleet's name."""
+    rows = []
+    for model in ledger_of(store, fleet_prefix=viewer.prefix).summaries():
+        row = model.to_data()
+        row["fleet_name"] = fleet_names.get(model.fleet, model.fleet) if viewer.kind != "fleet" else ""
+        rows.append(row)
+    return rows
 
 
 def _recent(
