@@ -12,8 +12,9 @@ the loop with the provider's own numbers:
   convention), so :meth:`Usage.inclusive` takes the cache counts out. A report that fails is logged,
   never raised into the agent's call;
 * **a context-length error** — when the call raises the provider's "too long" error (its text is one
-  :func:`~tracker.core.provider_errors.parse_context_length_error` reads, or the error carries
-  OpenAI's code ``context_length_exceeded``; the exception or any exception it wraps), the
+  :func:`~tracker.core.provider_errors.parse_context_length_error` reads, the error carries
+  OpenAI's code ``context_length_exceeded``, or it is pydantic-ai's ``ModelContextWindowExceededError``;
+  the exception or any exception it wraps), the
   rejection is reported (``tracker.report_rejection``), the request is settled again — the tracker
   now decides that basis at the hard limit, so it compacts (or raises ``ContextLimitError`` when no
   compaction is eligible, which propagates) — and the call is retried **once** with the compacted
@@ -41,6 +42,9 @@ R = TypeVar("R")
 
 #: the error code OpenAI (and OpenAI-compatible servers) put on a context-length rejection
 CONTEXT_LENGTH_CODES = frozenset({"context_length_exceeded"})
+#: exception classes (by name, so no framework is imported) that are a context-length rejection:
+#: pydantic-ai's category of a provider's "too long" error, LiteLLM's
+CONTEXT_LENGTH_TYPES = frozenset({"ModelContextWindowExceededError", "ContextWindowExceededError"})
 
 
 # -- usage ---------------------------------------------------------------------------------------
@@ -107,9 +111,10 @@ def report_usage_kwargs(basis: str, usage: Usage) -> dict[str, Any]:
 
 
 def _code(exc: BaseException) -> str | None:
-    code = getattr(exc, "code", None)
-    if isinstance(code, str):
-        return code
+    for attr in ("code", "provider_error_code"):
+        code = getattr(exc, attr, None)
+        if isinstance(code, str):
+            return code
     body = getattr(exc, "body", None)
     if isinstance(body, Mapping):
         error = body.get("error")
@@ -121,9 +126,10 @@ def _code(exc: BaseException) -> str | None:
 def context_length_error(exc: BaseException) -> str | None:
     """The provider's message when ``exc`` (or an exception it wraps) is a context-length rejection.
 
-    Recognised by its text (:func:`~tracker.core.provider_errors.parse_context_length_error`: the
-    Anthropic, OpenAI and Gemini wordings, also inside an SDK's ``Error code: 400 - {...}`` or a
-    framework's wrapper) or by OpenAI's error code ``context_length_exceeded``. No SDK is imported."""
+        Recognised by its text (:func:`~tracker.core.provider_errors.parse_context_length_error`: the
+        Anthropic, OpenAI and Gemini wordings, also inside an SDK's ``Error code: 400 - {...}`` or a
+        framework's wrapper), by OpenAI's error code ``context_length_exceeded``, or by its class
+    (:data:`CONTEXT_LENGTH_TYPES`: pydantic-ai's ``ModelContextWindowExceededError``). No SDK is imported."""
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
@@ -134,7 +140,9 @@ def context_length_error(exc: BaseException) -> str | None:
             text = ""
         if text and parse_context_length_error(text) is not None:
             return text
-        if _code(current) in CONTEXT_LENGTH_CODES:
+        if _code(current) in CONTEXT_LENGTH_CODES or any(
+            c.__name__ in CONTEXT_LENGTH_TYPES for c in type(current).__mro__
+        ):
             return text or type(current).__name__
         current = current.__cause__ or current.__context__
     return None
