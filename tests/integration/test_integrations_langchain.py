@@ -369,9 +369,10 @@ class ProviderChatModel(ex.ScriptedChatModel):
         return result
 
 
-def provider_agent(tracker, steps, failures=None):
+def provider_agent(tracker, steps, failures=None, summarizer=None):
     model = ProviderChatModel(messages=iter(ex.script(steps)), failures=failures or {})
-    middleware = ContextTrackerMiddleware(tracker, model=ex.MODEL, summarizer=ex.Summarizer(), keep_last=4)
+    summarizer = summarizer or ex.Summarizer()
+    middleware = ContextTrackerMiddleware(tracker, model=ex.MODEL, summarizer=summarizer, keep_last=4)
     return create_agent(model, tools=[ex.read_file], system_prompt=ex.SYSTEM, middleware=[middleware]), model
 
 
@@ -450,6 +451,24 @@ def test_a_second_context_length_error_in_a_row_propagates(tracker):
     assert len(model.requests) == 8  # the refused call and its one retry
     assert len(events(tracker, session, "ProviderRejected")) == 1
     assert len(events(tracker, session, "CompactionCommitted")) == 1
+
+
+def test_a_rejection_that_cannot_be_compacted_ends_in_context_limit_error(tracker):
+    """The provider refused the request and every summary fails: the tracker refuses the request
+    (ContextLimitError, at the hard limit for the rejected basis) and it is not sent again."""
+    session = f"lc-{uuid.uuid4().hex[:8]}"
+    summarizer = ex.Summarizer(fail=True)
+    agent, model = provider_agent(
+        tracker, steps=8, failures={6: openai_context_error(2950, INPUT_LIMIT)}, summarizer=summarizer
+    )
+    with pytest.raises(ContextLimitError) as err:
+        invoke(agent, session, 8)
+    assert isinstance(err.value.__context__, openai.BadRequestError)  # raised while handling the provider's error
+    assert len(model.requests) == 7  # the refused request was not sent again
+    assert len(events(tracker, session, "ProviderRejected")) == 1
+    assert summarizer.calls >= 1
+    assert {e.data["reject_reason"] for e in events(tracker, session, "CompactionRejected")} == {"summarizer_error"}
+    assert events(tracker, session, "ContextLimitReached") and not events(tracker, session, "CompactionCommitted")
 
 
 def test_another_error_of_the_model_is_not_a_rejection(tracker):
