@@ -529,7 +529,7 @@ class ProviderModel(ex.ScriptedModel):
         return response
 
 
-def provider_run(tracker, session, steps, failures=None):
+def provider_run(tracker, session, steps, failures=None, streamed=False):
     model = ProviderModel(steps, failures)
     tracker_filter = ContextTrackerFilter(
         tracker, model=ex.MODEL, session_id=session, summarizer=ex.Summarizer(), keep_last=4
@@ -539,8 +539,17 @@ def provider_run(tracker, session, steps, failures=None):
     )
     config = RunConfig(call_model_input_filter=tracker_filter, tracing_disabled=True)
     hooks = ContextTrackerHooks(tracker, model=ex.MODEL, session_id=session)
-    result = asyncio.run(Runner.run(agent, QUESTION, run_config=config, hooks=hooks, max_turns=steps + 5))
-    return result, model, hooks
+    if not streamed:
+        result = asyncio.run(Runner.run(agent, QUESTION, run_config=config, hooks=hooks, max_turns=steps + 5))
+        return result, model, hooks
+
+    async def stream():
+        result = Runner.run_streamed(agent, QUESTION, run_config=config, hooks=hooks, max_turns=steps + 5)
+        async for _ in result.stream_events():
+            pass
+        return result
+
+    return asyncio.run(stream()), model, hooks
 
 
 def test_cached_input_tokens_are_reported_as_cache_reads_beside_the_uncached_input(tracker):
@@ -580,6 +589,17 @@ def test_a_context_length_error_is_reported_compacted_and_retried_once(tracker):
     assert usage[6][0]["basis"] == usage[6][1] and usage[6][1].startswith("r2:")
     # the next turns re-apply the compaction: every later input starts with the summary
     assert all(is_summary(items[0]) for _, items, _ in model.received[7:])
+
+
+def test_a_streamed_run_recovers_from_a_context_length_error_before_its_first_event(tracker):
+    session = new_session("stream")
+    failures = {6: openai_context_error(2950, INPUT_LIMIT)}
+    result, model, hooks = provider_run(tracker, session, steps=8, failures=failures, streamed=True)
+    assert result.final_output.startswith("I read 8 files")
+    kinds_ = [e.type for e in events(tracker, session, "ProviderRejected", "CompactionCommitted")]
+    assert kinds_ == ["ProviderRejected", "CompactionCommitted"]
+    assert is_summary(model.received[7][1][0]) and not any(is_summary(i) for i in model.received[6][1])
+    assert len(events(tracker, session, "UsageReported")) == len(model.received) - 1
 
 
 def test_a_second_context_length_error_in_a_row_propagates(tracker):

@@ -6,6 +6,7 @@ counting: nothing of the tracker is mocked. The agent is ``examples/pydantic_ai_
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import json
 import sys
@@ -386,3 +387,27 @@ def test_request_usage_maps_to_the_trackers_uncached_input():
     assert usage_of(reply(input_tokens=350, output_tokens=240)) == Usage(350, 240, None, None)
     assert usage_of(reply()) is None  # nothing billed
     assert usage_of(reply(input_tokens=350, unmeasured_requests=1)) is None  # the response omitted usage
+
+
+def test_a_streamed_run_recovers_from_a_context_length_error_too(tracker):
+    """``run_stream``: the provider's error opening the stream reaches ``on_model_request_error`` the same way."""
+    session = f"pai-{uuid.uuid4().hex[:8]}"
+    received = []
+
+    async def stream(messages, info):
+        received.append(list(messages))
+        if len(received) == 1:
+            raise too_long(3012)
+        yield "The lease is renewed after the fence check."
+
+    capability = ContextTrackerCapability(tracker, model=ex.MODEL, summarizer=ex.Summarizer(), keep_last=4)
+    agent = Agent(FunctionModel(stream_function=stream), system_prompt=ex.SYSTEM, capabilities=[capability])
+
+    async def run():
+        async with agent.run_stream(ex.QUESTION, conversation_id=session) as result:
+            return await result.get_output()
+
+    assert asyncio.run(run()).startswith("The lease is renewed")
+    kinds = [e.type for e in events(tracker, session, "ProviderRejected", "CompactionCommitted", "UsageReported")]
+    assert kinds == ["ProviderRejected", "CompactionCommitted", "UsageReported"]
+    assert len(received) == 2 and revision_of(received[1]) == 2 and revision_of(received[0]) == 1
