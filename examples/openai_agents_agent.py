@@ -176,9 +176,14 @@ def build(
     batch: int = 1,
 ) -> tuple[Agent[Any], RunConfig, ContextTrackerHooks, ScriptedModel]:
     model = ScriptedModel(steps, batch)
-    agent = Agent(name="engineer", instructions=INSTRUCTIONS, model=model, tools=[read_file])
     tracker_filter = ContextTrackerFilter(  # <- context tracker
         tracker, model=MODEL, session_id=session_id, session=session, summarizer=summarizer, share=share, keep_last=4
+    )
+    agent = Agent(
+        name="engineer",
+        instructions=INSTRUCTIONS,
+        model=tracker_filter.wrap_model(model),  # <- context tracker: one context-length error is recovered
+        tools=[read_file],
     )
     config = RunConfig(call_model_input_filter=tracker_filter, tracing_disabled=True)  # <- context tracker
     hooks = ContextTrackerHooks(tracker, model=MODEL, session_id=session_id, session=session)  # <- context tracker
@@ -213,7 +218,7 @@ async def run(
         report["error"] = exc.to_dict()
     report["summarizer_calls"] = summarizer.calls
     report["model_requests"] = [request_tokens(tracker, ins, items, tools) for ins, items, tools in model.received]
-    report["usage_reports"] = hooks.reports_usage  # False until the tracker has report_usage
+    report["usage_reports"] = hooks.reports_usage  # each call's usage is reported to the tracker
     report["usages"] = [{"basis": u.basis, "input_tokens": u.input_tokens} for u in hooks.usages]
     report["events"] = compaction_events(tracker, session)
     return report

@@ -14,17 +14,24 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 pytest.importorskip("langchain.agents")
 
+import openai  # noqa: E402
+from langchain.agents import create_agent  # noqa: E402
+from langchain.agents.middleware.types import ModelResponse  # noqa: E402
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage  # noqa: E402
+from pydantic import Field  # noqa: E402
 
 from tests.support.procs import run_example_processes
+from tests.support.provider_reports import FailingReports, openai_context_error, reports
 from tracker import ContextLimitError, StaleBasis, Tracker  # noqa: E402
 from tracker.integrations import Item, cut_points, default_counter  # noqa: E402
-from tracker.integrations.langchain import revision_of  # noqa: E402
+from tracker.integrations._provider import Usage  # noqa: E402
+from tracker.integrations.langchain import ContextTrackerMiddleware, revision_of  # noqa: E402
 from tracker.settings import Settings  # noqa: E402
 from tracker.store.migrate import upgrade  # noqa: E402
 
@@ -332,3 +339,171 @@ def test_the_core_install_does_not_import_the_frameworks():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip() == "[]"
+
+
+# -- the provider's side: usage reports, one context-length error recovered ------------------------
+
+
+CACHE_READ, CACHE_WRITE = 300, 50
+
+
+class ProviderChatModel(ex.ScriptedChatModel):
+    """The scripted model, as a provider: every reply carries ``usage_metadata`` (LangChain's input total
+    includes the cached tokens), and the calls listed in ``failures`` raise the given exception instead."""
+
+    failures: dict[int, Any] = Field(default_factory=dict)
+
+    def _generate(self, messages, *args, **kwargs):
+        self.requests.append(list(messages))
+        n = len(self.requests) - 1
+        if n in self.failures:
+            raise self.failures[n]
+        result = super(ex.ScriptedChatModel, self)._generate(messages, *args, **kwargs)
+        total = 1000 + n  # a distinct number per call
+        result.generations[0].message.usage_metadata = {
+            "input_tokens": total,
+            "output_tokens": 20 + n,
+            "total_tokens": total + 20 + n,
+            "input_token_details": {"cache_read": CACHE_READ, "cache_creation": CACHE_WRITE},
+        }
+        return result
+
+
+def provider_agent(tracker, steps, failures=None, summarizer=None):
+    model = ProviderChatModel(messages=iter(ex.script(steps)), failures=failures or {})
+    summarizer = summarizer or ex.Summarizer()
+    middleware = ContextTrackerMiddleware(tracker, model=ex.MODEL, summarizer=summarizer, keep_last=4)
+    return create_agent(model, tools=[ex.read_file], system_prompt=ex.SYSTEM, middleware=[middleware]), model
+
+
+def invoke(agent, session, steps):
+    return agent.invoke(
+        {"messages": [HumanMessage(ex.QUESTION)]},
+        config={"configurable": {"thread_id": session}, "recursion_limit": 4 * steps + 20},
+    )
+
+
+def test_every_model_call_reports_its_usage_on_the_basis_it_was_measured_with(tracker):
+    session = f"lc-{uuid.uuid4().hex[:8]}"
+    agent, model = provider_agent(tracker, steps=13)
+    out = invoke(agent, session, 13)
+    assert out["messages"][-1].content.startswith("I read 13 files")
+    assert events(tracker, session, "CompactionCommitted")  # the usage of compacted requests is reported too
+    got = reports(tracker, session)
+    assert len(got) == len(model.requests) == 14
+    for n, (kind, data, measured) in enumerate(got):
+        assert kind == "UsageReported" and data["basis"] == measured
+        # LangChain's input_tokens counts the cached tokens: the tracker's input_tokens is the rest
+        assert (data["input_tokens"], data["cache_read_tokens"], data["cache_write_tokens"]) == (
+            1000 + n - CACHE_READ - CACHE_WRITE,
+            CACHE_READ,
+            CACHE_WRITE,
+        )
+        assert data["output_tokens"] == 20 + n
+    assert any(data["basis"].startswith("r2:") for _, data, _ in got)
+
+
+@pytest.mark.parametrize("run", ["sync", "async"])
+def test_a_context_length_error_is_reported_compacted_and_retried_once(tracker, run):
+    session = f"lc-{uuid.uuid4().hex[:8]}"
+    error = openai_context_error(count=2950, limit=INPUT_LIMIT)  # as langchain-openai lets it through
+    agent, model = provider_agent(tracker, steps=8, failures={6: error})
+    if run == "sync":
+        out = invoke(agent, session, 8)
+    else:
+        out = asyncio.run(
+            agent.ainvoke(
+                {"messages": [HumanMessage(ex.QUESTION)]},
+                config={"configurable": {"thread_id": session}, "recursion_limit": 60},
+            )
+        )
+    assert out["messages"][-1].content.startswith("I read 8 files")  # the run completed
+
+    kinds = [e.type for e in events(tracker, session, "ProviderRejected", "CompactionStarted", "CompactionCommitted")]
+    assert kinds == ["ProviderRejected", "CompactionStarted", "CompactionCommitted"]
+    (rejected,) = events(tracker, session, "ProviderRejected")
+    assert (rejected.data["input_tokens"], rejected.data["input_limit"], rejected.data["form"]) == (
+        2950,
+        INPUT_LIMIT,
+        "openai.messages",
+    )
+    # the refused request was well under the tracker's compact level: only the provider knew
+    refused, retried = model.requests[6], model.requests[7]
+    assert rejected.data["basis"] == reports(tracker, session)[6][2]
+    assert ex.request_tokens(tracker, retried) < ex.request_tokens(tracker, refused)
+    assert any("context_tracker" in m.additional_kwargs for m in retried)  # the compacted history was sent
+    # the retried call's usage is reported on the compacted basis (revision 2)
+    usage = [(d, basis) for kind, d, basis in reports(tracker, session) if kind == "UsageReported"]
+    assert len(usage) == len(model.requests) - 1 == 9
+    assert usage[6][0]["basis"] == usage[6][1] and usage[6][1].startswith("r2:")
+    assert revision_of(out["messages"]) == 2
+
+
+def test_a_second_context_length_error_in_a_row_propagates(tracker):
+    session = f"lc-{uuid.uuid4().hex[:8]}"
+    agent, model = provider_agent(
+        tracker,
+        steps=8,
+        failures={6: openai_context_error(2950, INPUT_LIMIT), 7: openai_context_error(2900, INPUT_LIMIT)},
+    )
+    with pytest.raises(openai.BadRequestError, match="2900 tokens"):
+        invoke(agent, session, 8)
+    assert len(model.requests) == 8  # the refused call and its one retry
+    assert len(events(tracker, session, "ProviderRejected")) == 1
+    assert len(events(tracker, session, "CompactionCommitted")) == 1
+
+
+def test_a_rejection_that_cannot_be_compacted_ends_in_context_limit_error(tracker):
+    """The provider refused the request and every summary fails: the tracker refuses the request
+    (ContextLimitError, at the hard limit for the rejected basis) and it is not sent again."""
+    session = f"lc-{uuid.uuid4().hex[:8]}"
+    summarizer = ex.Summarizer(fail=True)
+    agent, model = provider_agent(
+        tracker, steps=8, failures={6: openai_context_error(2950, INPUT_LIMIT)}, summarizer=summarizer
+    )
+    with pytest.raises(ContextLimitError) as err:
+        invoke(agent, session, 8)
+    assert isinstance(err.value.__context__, openai.BadRequestError)  # raised while handling the provider's error
+    assert len(model.requests) == 7  # the refused request was not sent again
+    assert len(events(tracker, session, "ProviderRejected")) == 1
+    assert summarizer.calls >= 1
+    assert {e.data["reject_reason"] for e in events(tracker, session, "CompactionRejected")} == {"summarizer_error"}
+    assert events(tracker, session, "ContextLimitReached") and not events(tracker, session, "CompactionCommitted")
+
+
+def test_another_error_of_the_model_is_not_a_rejection(tracker):
+    session = f"lc-{uuid.uuid4().hex[:8]}"
+    agent, model = provider_agent(tracker, steps=8, failures={3: openai.APIConnectionError(request=None)})
+    with pytest.raises(openai.APIConnectionError):
+        invoke(agent, session, 8)
+    assert len(model.requests) == 4
+    assert not events(tracker, session, "ProviderRejected", "CompactionStarted")
+
+
+def test_a_usage_report_that_fails_does_not_break_the_call(tracker, caplog):
+    session = f"lc-{uuid.uuid4().hex[:8]}"
+    failing = FailingReports(tracker)
+    agent, model = provider_agent(failing, steps=3)
+    with caplog.at_level("WARNING", logger="tracker.integrations"):
+        out = invoke(agent, session, 3)
+    assert out["messages"][-1].content.startswith("I read 3 files")
+    assert failing.failed == len(model.requests) == 4
+    assert not events(tracker, session, "UsageReported")
+    assert "usage report failed: RuntimeError: the tracker is unreachable" in caplog.text
+
+
+def test_usage_metadata_maps_to_the_trackers_uncached_input():
+    from tracker.integrations.langchain import usage_of
+
+    def msg(meta):
+        return ModelResponse(result=[AIMessage("x", usage_metadata=meta)])
+
+    inclusive = {"input_tokens": 350, "output_tokens": 240, "total_tokens": 590}
+    details = {"input_token_details": {"audio": 10, "cache_creation": 200, "cache_read": 100}}
+    assert usage_of(msg({**inclusive, **details})) == Usage(50, 240, 100, 200)
+    assert usage_of(msg(inclusive)) == Usage(350, 240, None, None)
+    # cache counts larger than the total cannot be inside it: an adapter reporting them beside it
+    beside = {"input_tokens": 10, "output_tokens": 5, "total_tokens": 15, **details}
+    assert usage_of(msg(beside)) == Usage(10, 5, 100, 200)
+    assert usage_of(msg({"input_tokens": 0, "output_tokens": 0, "total_tokens": 0})) is None  # a fake model's
+    assert usage_of(ModelResponse(result=[AIMessage("no usage")])) is None

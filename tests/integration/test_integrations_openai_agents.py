@@ -21,8 +21,10 @@ pytest.importorskip("agents")
 
 from agents import Agent, ModelResponse, RunConfig, Runner, SQLiteSession, Usage  # noqa: E402
 from openai.types.responses import ResponseOutputMessage, ResponseOutputText  # noqa: E402
+from openai.types.responses.response_usage import InputTokensDetails  # noqa: E402
 
 from tests.support.procs import run_example_processes
+from tests.support.provider_reports import FailingReports, openai_context_error, reports
 from tracker import ContextLimitError, Tracker  # noqa: E402
 from tracker.errors import InvalidInput  # noqa: E402
 from tracker.integrations._compaction import SUMMARY_PREFIX  # noqa: E402
@@ -469,12 +471,12 @@ def test_two_agent_processes_on_one_session_compact_once(pg_url, redis_url):
 # -- usage hooks ----------------------------------------------------------------------------------
 
 
-def test_the_hooks_collect_each_calls_usage_and_the_basis_it_was_observed_with(tracker):
+def test_the_hooks_report_each_calls_usage_on_the_basis_it_was_observed_with(tracker):
     session = new_session()
     agent, config, hooks, model = ex.build(tracker, steps=13, summarizer=ex.Summarizer(), session_id=session)
     asyncio.run(Runner.run(agent, QUESTION, run_config=config, hooks=hooks, max_turns=20))
 
-    assert not hooks.reports_usage  # the tracker has no report_usage yet: collected, nothing sent
+    assert hooks.reports_usage
     assert len(hooks.usages) == len(model.received) == 14
     # each call ends in one observation that proceeds: the basis of what was sent, as the tracker recorded it
     proceeded = [
@@ -486,35 +488,142 @@ def test_the_hooks_collect_each_calls_usage_and_the_basis_it_was_observed_with(t
     assert bases == proceeded
     revisions = [int(b.split(":")[0][1:]) for b in bases]
     assert revisions == sorted(revisions) and revisions[0] == 1 and revisions[-1] == 2
-    for u, (_, items, _) in zip(hooks.usages, model.received, strict=True):
-        assert u.input_tokens == len(json.dumps(items, default=str)) // 4  # the fake model's own usage figure
-        assert u.output_tokens == 20 and u.session_id == session and u.model == ex.MODEL
+    got = reports(tracker, session)
+    assert len(got) == 14
+    for u, (_, items, _), (kind, data, measured) in zip(hooks.usages, model.received, got, strict=True):
+        size = len(json.dumps(items, default=str)) // 4  # the fake model's own usage figure (no cached tokens)
+        assert u.input_tokens == size and u.output_tokens == 20 and u.session_id == session and u.model == ex.MODEL
+        assert kind == "UsageReported" and data["basis"] == measured == u.basis
+        assert (data["input_tokens"], data["output_tokens"], data["cache_read_tokens"]) == (size, 20, None)
 
 
-class ReportingTracker:
-    """The embedded tracker plus a ``report_usage`` of the shape the later step adds (recorded here)."""
-
-    def __init__(self, inner):
-        self._inner = inner
-        self.reports = []
-
-    def __getattr__(self, name):
-        return getattr(self._inner, name)
-
-    def report_usage(self, session_id, *, basis, input_tokens, output_tokens=None, cached_input_tokens=None):
-        self.reports.append((session_id, basis, input_tokens, output_tokens, cached_input_tokens))
+CACHED = 8
 
 
-def test_the_hooks_call_report_usage_once_the_tracker_has_it(tracker):
+class ProviderModel(ex.ScriptedModel):
+    """The scripted SDK ``Model``, as a provider: its usage counts ``CACHED`` cached input tokens (inside
+    ``input_tokens``, as OpenAI's does), and the calls in ``failures`` raise instead."""
+
+    def __init__(self, steps, failures=None):
+        super().__init__(steps)
+        self.failures = failures or {}
+        self.sent = 0
+
+    async def get_response(self, system_instructions, input, model_settings, tools, output_schema, handoffs, *a, **kw):
+        n, self.sent = self.sent, self.sent + 1
+        if n in self.failures:
+            items = [{"role": "user", "content": input}] if isinstance(input, str) else [dict(i) for i in input]
+            self.received.append((system_instructions, items, [*tools, *handoffs]))
+            raise self.failures[n]
+        response = await super().get_response(
+            system_instructions, input, model_settings, tools, output_schema, handoffs, *a, **kw
+        )
+        u = response.usage
+        response.usage = Usage(
+            requests=1,
+            input_tokens=u.input_tokens,
+            output_tokens=u.output_tokens,
+            total_tokens=u.total_tokens,
+            input_tokens_details=InputTokensDetails(cached_tokens=CACHED, cache_write_tokens=0),
+        )
+        return response
+
+
+def provider_run(tracker, session, steps, failures=None, streamed=False):
+    model = ProviderModel(steps, failures)
+    tracker_filter = ContextTrackerFilter(
+        tracker, model=ex.MODEL, session_id=session, summarizer=ex.Summarizer(), keep_last=4
+    )
+    agent = Agent(
+        name="engineer", instructions=ex.INSTRUCTIONS, model=tracker_filter.wrap_model(model), tools=[ex.read_file]
+    )
+    config = RunConfig(call_model_input_filter=tracker_filter, tracing_disabled=True)
+    hooks = ContextTrackerHooks(tracker, model=ex.MODEL, session_id=session)
+    if not streamed:
+        result = asyncio.run(Runner.run(agent, QUESTION, run_config=config, hooks=hooks, max_turns=steps + 5))
+        return result, model, hooks
+
+    async def stream():
+        result = Runner.run_streamed(agent, QUESTION, run_config=config, hooks=hooks, max_turns=steps + 5)
+        async for _ in result.stream_events():
+            pass
+        return result
+
+    return asyncio.run(stream()), model, hooks
+
+
+def test_cached_input_tokens_are_reported_as_cache_reads_beside_the_uncached_input(tracker):
     session = new_session()
-    reporting = ReportingTracker(tracker)
+    _, model, hooks = provider_run(tracker, session, steps=3)
+    got = reports(tracker, session)
+    assert len(got) == len(model.received) == 4
+    for u, (kind, data, measured) in zip(hooks.usages, got, strict=True):
+        assert u.cached_input_tokens == CACHED
+        assert kind == "UsageReported" and data["basis"] == measured
+        assert (data["input_tokens"], data["cache_read_tokens"]) == (u.input_tokens - CACHED, CACHED)
+
+
+def test_a_context_length_error_is_reported_compacted_and_retried_once(tracker):
+    session = new_session()
+    result, model, hooks = provider_run(
+        tracker, session, steps=8, failures={6: openai_context_error(2950, INPUT_LIMIT)}
+    )
+    assert result.final_output.startswith("I read 8 files")  # the run completed
+
+    kinds_ = [e.type for e in events(tracker, session, "ProviderRejected", "CompactionStarted", "CompactionCommitted")]
+    assert kinds_ == ["ProviderRejected", "CompactionStarted", "CompactionCommitted"]
+    (rejected,) = events(tracker, session, "ProviderRejected")
+    assert (rejected.data["input_tokens"], rejected.data["input_limit"], rejected.data["form"]) == (
+        2950,
+        INPUT_LIMIT,
+        "openai.messages",
+    )
+    refused, retried = model.received[6], model.received[7]
+    assert rejected.data["basis"] == reports(tracker, session)[6][2]
+    assert ex.request_tokens(tracker, *retried) < ex.request_tokens(tracker, *refused)
+    assert is_summary(retried[1][0]) and not any(is_summary(i) for i in refused[1])
+    assert_calls_whole(retried[1])
+    # the retried call's usage is reported on the basis of the compacted input it sent (revision 2)
+    usage = [(d, basis) for kind, d, basis in reports(tracker, session) if kind == "UsageReported"]
+    assert len(usage) == len(hooks.usages) == len(model.received) - 1 == 9
+    assert usage[6][0]["basis"] == usage[6][1] and usage[6][1].startswith("r2:")
+    # the next turns re-apply the compaction: every later input starts with the summary
+    assert all(is_summary(items[0]) for _, items, _ in model.received[7:])
+
+
+def test_a_streamed_run_recovers_from_a_context_length_error_before_its_first_event(tracker):
+    session = new_session("stream")
+    failures = {6: openai_context_error(2950, INPUT_LIMIT)}
+    result, model, hooks = provider_run(tracker, session, steps=8, failures=failures, streamed=True)
+    assert result.final_output.startswith("I read 8 files")
+    kinds_ = [e.type for e in events(tracker, session, "ProviderRejected", "CompactionCommitted")]
+    assert kinds_ == ["ProviderRejected", "CompactionCommitted"]
+    assert is_summary(model.received[7][1][0]) and not any(is_summary(i) for i in model.received[6][1])
+    assert len(events(tracker, session, "UsageReported")) == len(model.received) - 1
+
+
+def test_a_second_context_length_error_in_a_row_propagates(tracker):
+    import openai
+
+    session = new_session()
+    failures = {6: openai_context_error(2950, INPUT_LIMIT), 7: openai_context_error(2900, INPUT_LIMIT)}
+    with pytest.raises(openai.BadRequestError, match="2900 tokens"):
+        provider_run(tracker, session, steps=8, failures=failures)
+    assert len(events(tracker, session, "ProviderRejected")) == 1
+    assert len(events(tracker, session, "CompactionCommitted")) == 1
+
+
+def test_a_usage_report_that_fails_does_not_break_the_run(tracker, caplog):
+    session = new_session()
+    failing = FailingReports(tracker)
     agent, config, _, model = ex.build(tracker, steps=3, summarizer=ex.Summarizer(), session_id=session)
-    hooks = ContextTrackerHooks(reporting, model=ex.MODEL, session_id=session)
-    assert hooks.reports_usage
-    asyncio.run(Runner.run(agent, QUESTION, run_config=config, hooks=hooks, max_turns=10))
-    assert len(reporting.reports) == len(model.received) == 4
-    assert [r[2] for r in reporting.reports] == [u.input_tokens for u in hooks.usages]
-    assert all(r[0] == session and r[1].startswith("r1:h") and r[3] == 20 and r[4] == 0 for r in reporting.reports)
+    hooks = ContextTrackerHooks(failing, model=ex.MODEL, session_id=session)
+    with caplog.at_level("WARNING", logger="tracker.integrations"):
+        result = asyncio.run(Runner.run(agent, QUESTION, run_config=config, hooks=hooks, max_turns=10))
+    assert result.final_output.startswith("I read 3 files")
+    assert failing.failed == len(model.received) == 4
+    assert not events(tracker, session, "UsageReported")
+    assert "usage report failed: RuntimeError: the tracker is unreachable" in caplog.text
 
 
 # -- the item mapping -----------------------------------------------------------------------------

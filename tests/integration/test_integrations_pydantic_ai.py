@@ -6,6 +6,7 @@ counting: nothing of the tracker is mocked. The agent is ``examples/pydantic_ai_
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import json
 import sys
@@ -18,6 +19,7 @@ pytest.importorskip("pydantic_ai")
 
 from pydantic_ai import Agent  # noqa: E402
 from pydantic_ai.capabilities import ProcessHistory  # noqa: E402
+from pydantic_ai.exceptions import ModelContextWindowExceededError, ModelHTTPError  # noqa: E402
 from pydantic_ai.messages import (  # noqa: E402
     ModelRequest,
     ModelResponse,
@@ -28,8 +30,10 @@ from pydantic_ai.messages import (  # noqa: E402
     UserPromptPart,
 )
 from pydantic_ai.models.function import FunctionModel  # noqa: E402
+from pydantic_ai.usage import RequestUsage  # noqa: E402
 
 from tests.support.procs import run_example_processes
+from tests.support.provider_reports import FailingReports, anthropic_context_body, reports
 from tracker import ContextLimitError, Tracker  # noqa: E402
 from tracker.integrations.pydantic_ai import ContextTrackerCapability, revision_of  # noqa: E402
 from tracker.settings import Settings  # noqa: E402
@@ -244,3 +248,166 @@ def test_a_compaction_adopted_and_compacted_again_in_one_call_summarises_the_ado
     ((sent, _),) = script.requests
     assert system_parts(sent) == [ex.SYSTEM]
     assert revision_of(result.all_messages()) == 3
+
+
+# -- the provider's side: usage reports, one context-length error recovered ------------------------
+
+
+CACHE_READ, CACHE_WRITE = 300, 50
+
+
+class ProviderScript(ex.Script):
+    """The scripted ``FunctionModel`` body, as a provider: each reply carries its ``RequestUsage`` (whose
+    ``input_tokens`` includes the cache reads and writes), and the calls in ``failures`` raise instead."""
+
+    def __init__(self, steps, failures=None):
+        super().__init__(steps)
+        self.failures = failures or {}
+        self.sent = 0
+
+    def __call__(self, messages, info):
+        n, self.sent = self.sent, self.sent + 1
+        if n in self.failures:
+            self.requests.append((list(messages), info))
+            raise self.failures[n]
+        self.calls = n - len([k for k in self.failures if k < n])  # the script's step: failed calls are not steps
+        response = super().__call__(messages, info)
+        response.usage = RequestUsage(
+            input_tokens=1000 + n, output_tokens=20 + n, cache_read_tokens=CACHE_READ, cache_write_tokens=CACHE_WRITE
+        )
+        return response
+
+
+def too_long(count):
+    """What pydantic-ai's Anthropic model raises for a prompt over the limit (its error category, and a 400)."""
+    return ModelHTTPError.for_category(
+        ModelContextWindowExceededError,
+        status_code=400,
+        model_name="claude-sonnet-4-5",
+        body=anthropic_context_body(count, INPUT_LIMIT),
+        provider_error_type="invalid_request_error",
+    )
+
+
+def provider_agent(tracker, steps, failures=None):
+    script = ProviderScript(steps, failures)
+    capability = ContextTrackerCapability(tracker, model=ex.MODEL, summarizer=ex.Summarizer(), keep_last=4)
+    agent = Agent(FunctionModel(script), system_prompt=ex.SYSTEM, tools=[ex.read_file], capabilities=[capability])
+    return agent, script
+
+
+def test_every_model_request_reports_its_usage_on_the_basis_it_was_measured_with(tracker):
+    session = f"pai-{uuid.uuid4().hex[:8]}"
+    agent, script = provider_agent(tracker, steps=13)
+    result = agent.run_sync(ex.QUESTION, conversation_id=session)
+    assert result.output.startswith("I read 13 files")
+    assert events(tracker, session, "CompactionCommitted")
+    got = reports(tracker, session)
+    assert len(got) == len(script.requests) == 14
+    for n, (kind, data, measured) in enumerate(got):
+        assert kind == "UsageReported" and data["basis"] == measured
+        # RequestUsage.input_tokens includes the cache reads and writes: the tracker's input_tokens is the rest
+        assert (data["input_tokens"], data["cache_read_tokens"], data["cache_write_tokens"], data["output_tokens"]) == (
+            1000 + n - CACHE_READ - CACHE_WRITE,
+            CACHE_READ,
+            CACHE_WRITE,
+            20 + n,
+        )
+    assert any(data["basis"].startswith("r2:") for _, data, _ in got)
+
+
+def test_a_context_length_error_is_reported_compacted_and_retried_once(tracker):
+    session = f"pai-{uuid.uuid4().hex[:8]}"
+    agent, script = provider_agent(tracker, steps=8, failures={6: too_long(3012)})
+    result = agent.run_sync(ex.QUESTION, conversation_id=session)
+    assert result.output.startswith("I read 8 files")  # the run completed
+
+    kinds = [e.type for e in events(tracker, session, "ProviderRejected", "CompactionStarted", "CompactionCommitted")]
+    assert kinds == ["ProviderRejected", "CompactionStarted", "CompactionCommitted"]
+    (rejected,) = events(tracker, session, "ProviderRejected")
+    assert (rejected.data["input_tokens"], rejected.data["input_limit"], rejected.data["form"]) == (
+        3012,
+        INPUT_LIMIT,
+        "anthropic.prompt_too_long",
+    )
+    (refused, refused_info), (retried, retried_info) = script.requests[6], script.requests[7]
+    assert rejected.data["basis"] == reports(tracker, session)[6][2]
+    assert ex.request_tokens(tracker, retried, retried_info) < ex.request_tokens(tracker, refused, refused_info)
+    assert revision_of(retried) == 2  # the compacted history was sent
+    assert system_parts(retried) == [ex.SYSTEM]
+    usage = [(d, basis) for kind, d, basis in reports(tracker, session) if kind == "UsageReported"]
+    assert len(usage) == len(script.requests) - 1 == 9
+    assert usage[6][0]["basis"] == usage[6][1] and usage[6][1].startswith("r2:")
+    assert usage[6][0]["input_tokens"] == 1007 - CACHE_READ - CACHE_WRITE
+    assert revision_of(result.all_messages()) == 2  # the run's history is the compacted one
+
+
+def test_a_second_context_length_error_in_a_row_propagates(tracker):
+    session = f"pai-{uuid.uuid4().hex[:8]}"
+    agent, script = provider_agent(tracker, steps=8, failures={6: too_long(3012), 7: too_long(2990)})
+    with pytest.raises(ModelContextWindowExceededError, match="2990 tokens"):
+        agent.run_sync(ex.QUESTION, conversation_id=session)
+    assert len(script.requests) == 8  # the refused call and its one retry
+    assert len(events(tracker, session, "ProviderRejected")) == 1
+    assert len(events(tracker, session, "CompactionCommitted")) == 1
+
+
+def test_another_model_error_is_not_a_rejection(tracker):
+    session = f"pai-{uuid.uuid4().hex[:8]}"
+    busy = ModelHTTPError(status_code=529, model_name="claude-sonnet-4-5", body={"error": {"type": "overloaded_error"}})
+    agent, script = provider_agent(tracker, steps=8, failures={3: busy})
+    with pytest.raises(ModelHTTPError, match="529"):
+        agent.run_sync(ex.QUESTION, conversation_id=session)
+    assert len(script.requests) == 4
+    assert not events(tracker, session, "ProviderRejected", "CompactionStarted")
+
+
+def test_a_usage_report_that_fails_does_not_break_the_call(tracker, caplog):
+    session = f"pai-{uuid.uuid4().hex[:8]}"
+    failing = FailingReports(tracker)
+    agent, script = provider_agent(failing, steps=3)
+    with caplog.at_level("WARNING", logger="tracker.integrations"):
+        result = agent.run_sync(ex.QUESTION, conversation_id=session)
+    assert result.output.startswith("I read 3 files")
+    assert failing.failed == len(script.requests) == 4
+    assert not events(tracker, session, "UsageReported")
+    assert "usage report failed: RuntimeError: the tracker is unreachable" in caplog.text
+
+
+def test_request_usage_maps_to_the_trackers_uncached_input():
+    from tracker.integrations._provider import Usage
+    from tracker.integrations.pydantic_ai import usage_of
+
+    def reply(**usage):
+        return ModelResponse(parts=[TextPart("x")], usage=RequestUsage(**usage))
+
+    assert usage_of(reply(input_tokens=350, output_tokens=240, cache_read_tokens=100, cache_write_tokens=200)) == (
+        Usage(50, 240, 100, 200)
+    )
+    assert usage_of(reply(input_tokens=350, output_tokens=240)) == Usage(350, 240, None, None)
+    assert usage_of(reply()) is None  # nothing billed
+    assert usage_of(reply(input_tokens=350, unmeasured_requests=1)) is None  # the response omitted usage
+
+
+def test_a_streamed_run_recovers_from_a_context_length_error_too(tracker):
+    """``run_stream``: the provider's error opening the stream reaches ``on_model_request_error`` the same way."""
+    session = f"pai-{uuid.uuid4().hex[:8]}"
+    received = []
+
+    async def stream(messages, info):
+        received.append(list(messages))
+        if len(received) == 1:
+            raise too_long(3012)
+        yield "The lease is renewed after the fence check."
+
+    capability = ContextTrackerCapability(tracker, model=ex.MODEL, summarizer=ex.Summarizer(), keep_last=4)
+    agent = Agent(FunctionModel(stream_function=stream), system_prompt=ex.SYSTEM, capabilities=[capability])
+
+    async def run():
+        async with agent.run_stream(ex.QUESTION, conversation_id=session) as result:
+            return await result.get_output()
+
+    assert asyncio.run(run()).startswith("The lease is renewed")
+    kinds = [e.type for e in events(tracker, session, "ProviderRejected", "CompactionCommitted", "UsageReported")]
+    assert kinds == ["ProviderRejected", "CompactionCommitted", "UsageReported"]
+    assert len(received) == 2 and revision_of(received[1]) == 2 and revision_of(received[0]) == 1

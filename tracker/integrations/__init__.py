@@ -6,7 +6,13 @@
   ``Agent(..., capabilities=[...])``, also usable as a history processor
   (``pip install 'context-tracker[pydantic-ai]'``).
 
-Both are thin adapters over the framework-free :mod:`tracker.integrations._compaction`.
+* :mod:`tracker.integrations.openai_agents` — ``ContextTrackerFilter`` (a ``call_model_input_filter``,
+  with ``wrap_model``) and ``ContextTrackerHooks`` for the OpenAI Agents SDK
+  (``pip install 'context-tracker[openai-agents]'``).
+
+They are thin adapters over the framework-free :mod:`tracker.integrations._compaction` (what to
+keep, the protocol with the tracker) and :mod:`tracker.integrations._provider` (each call's usage
+reported, one provider context-length error recovered by compacting and retrying once).
 Importing this package imports neither framework; the core install never needs them.
 """
 

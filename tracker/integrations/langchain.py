@@ -20,6 +20,13 @@ is called with the compacted history, and the agent state's messages are replace
 waits, on ``ContextLimitError`` it raises to the caller of ``invoke``; see
 :mod:`tracker.integrations._compaction` for the whole protocol.
 
+After every model call the reply's ``usage_metadata`` is reported (``tracker.report_usage``, on the
+basis the request was observed with; LangChain's ``input_tokens`` includes the cached tokens, so the
+tracker is sent ``input_tokens - cache_read - cache_creation`` beside the two cache counts). A
+provider's context-length error (``openai.BadRequestError`` ``context_length_exceeded``, Anthropic's
+``prompt is too long: ...``) is reported (``tracker.report_rejection``), the history compacted and
+the call retried once; see :mod:`tracker.integrations._provider`. A report that fails is logged.
+
 Put it last in ``middleware=[...]`` (innermost) so it observes exactly what reaches the model.
 """
 
@@ -65,9 +72,10 @@ from tracker.integrations._compaction import (
     marked_revision,
     summary_prompt,
 )
+from tracker.integrations._provider import ModelCall, Usage, call_async, call_sync
 from tracker.protocol import TrackerProtocol
 
-__all__ = ["ContextTrackerMiddleware", "message_item", "summary_message", "to_request"]
+__all__ = ["ContextTrackerMiddleware", "message_item", "summary_message", "to_request", "usage_of"]
 
 Summarizer = Any  # a BaseChatModel / Runnable, or Callable[[list[BaseMessage], int], str | Awaitable[str]]
 
@@ -218,19 +226,18 @@ class ContextTrackerMiddleware(AgentMiddleware):
 
     # -- hooks -------------------------------------------------------------------------------
     def wrap_model_call(self, request: ModelRequest, handler: Callable[[ModelRequest], ModelResponse]) -> Any:
-        new_messages = self._settle(request, loop=None)
-        if new_messages is None:
-            return handler(request)
-        return _replacing(handler(request.override(messages=new_messages)), new_messages)
+        messages = list(request.messages)
+        call = self._call(request, messages, loop=None)
+        out, response = call_sync(call, lambda out: handler(_sending(request, messages, out)), usage_of)
+        return _answer(response, messages, out)
 
     async def awrap_model_call(
         self, request: ModelRequest, handler: Callable[[ModelRequest], Awaitable[ModelResponse]]
     ) -> Any:
-        loop = asyncio.get_running_loop()
-        new_messages = await asyncio.to_thread(self._settle, request, loop)  # the tracker's calls block
-        if new_messages is None:
-            return await handler(request)
-        return _replacing(await handler(request.override(messages=new_messages)), new_messages)
+        messages = list(request.messages)
+        call = self._call(request, messages, loop=asyncio.get_running_loop())
+        out, response = await call_async(call, lambda out: handler(_sending(request, messages, out)), usage_of)
+        return _answer(response, messages, out)
 
     # -- work ------------------------------------------------------------------------------
     def _session(self, request: ModelRequest) -> str:
@@ -253,21 +260,17 @@ class ContextTrackerMiddleware(AgentMiddleware):
             )
         return str(thread_id)
 
-    def _settle(self, request: ModelRequest, loop: asyncio.AbstractEventLoop | None) -> list[AnyMessage] | None:
-        """Observe (and compact / wait / adopt); the new history when it changed, else None."""
-        messages = list(request.messages)
+    def _call(
+        self, request: ModelRequest, messages: list[AnyMessage], loop: asyncio.AbstractEventLoop | None
+    ) -> ModelCall:
+        """The model call: observe (and compact / wait / adopt), report usage, recover from one rejection."""
         view = view_of(messages, request.system_message, request.tools)
         spans = Spans(self.guard, view, messages, lambda text: HumanMessage(content=text))
 
         def summarize(start: int, end: int, budget: int) -> str:
             return self._summarize(spans(start, end), budget, request, loop)
 
-        out: Outcome = self.guard.before_call(self._session(request), view, summarize)
-        if not out.replacements:
-            return None
-        for rep in out.replacements:  # each refers to the history as the one before left it
-            messages = messages[: rep.start] + [summary_message(rep.summary, rep.revision)] + messages[rep.end :]
-        return messages
+        return ModelCall(self.guard, self._session(request), view, summarize)
 
     def _summarize(
         self, messages: list[AnyMessage], budget: int, request: ModelRequest, loop: asyncio.AbstractEventLoop | None
@@ -286,6 +289,53 @@ class ContextTrackerMiddleware(AgentMiddleware):
 
 async def _awaited(value: Awaitable[str]) -> str:
     return await value
+
+
+def compacted(messages: list[AnyMessage], out: Outcome) -> list[AnyMessage] | None:
+    """The history after the outcome's replacements (each refers to the history the one before left), or None."""
+    if not out.replacements:
+        return None
+    for rep in out.replacements:
+        messages = messages[: rep.start] + [summary_message(rep.summary, rep.revision)] + messages[rep.end :]
+    return messages
+
+
+def _sending(request: ModelRequest, messages: list[AnyMessage], out: Outcome) -> ModelRequest:
+    new = compacted(messages, out)
+    return request if new is None else request.override(messages=new)
+
+
+def _answer(response: Any, messages: list[AnyMessage], out: Outcome) -> Any:
+    new = compacted(messages, out)
+    return response if new is None else _replacing(response, new)
+
+
+def _ai_message(response: Any) -> AIMessage | None:
+    if isinstance(response, ExtendedModelResponse):
+        response = response.model_response
+    if isinstance(response, AIMessage):
+        return response
+    found = [m for m in getattr(response, "result", None) or () if isinstance(m, AIMessage)]
+    return found[-1] if found else None
+
+
+def usage_of(response: Any) -> Usage | None:
+    """The usage of a model response: its ``AIMessage``'s ``usage_metadata``.
+
+    LangChain's ``input_tokens`` is the sum of all input token types (langchain-core's
+    ``UsageMetadata``), cached ones included: ``input_token_details.cache_read`` and
+    ``.cache_creation`` are taken out of it (:meth:`Usage.inclusive`)."""
+    message = _ai_message(response)
+    meta = getattr(message, "usage_metadata", None) if message is not None else None
+    if not meta:
+        return None
+    details = meta.get("input_token_details") or {}
+    return Usage.inclusive(
+        meta.get("input_tokens"),
+        output_tokens=meta.get("output_tokens"),
+        cache_read_tokens=details.get("cache_read"),
+        cache_write_tokens=details.get("cache_creation"),
+    )
 
 
 def _replacing(response: Any, new_messages: list[AnyMessage]) -> ExtendedModelResponse:

@@ -7,7 +7,9 @@
     from tracker.integrations.openai_agents import ContextTrackerFilter, ContextTrackerHooks
 
     tracker = Tracker.from_settings()
-    config = RunConfig(call_model_input_filter=ContextTrackerFilter(tracker, model="gpt-4o", session_id="s-42"))
+    tracker_filter = ContextTrackerFilter(tracker, model="gpt-4o", session_id="s-42")
+    agent = Agent(name="...", model=tracker_filter.wrap_model("gpt-4o"))  # recovers from one context-length error
+    config = RunConfig(call_model_input_filter=tracker_filter)
     result = await Runner.run(agent, "...", run_config=config,
                               hooks=ContextTrackerHooks(tracker, model="gpt-4o", session_id="s-42"))
 
@@ -37,6 +39,16 @@ the run context's ``session_id`` (``Runner.run(..., context=...)``: an attribute
 key); the current trace's ``group_id`` (``RunConfig(group_id=...)``, only while tracing is on).
 With none of them the call is refused with ``InvalidInput("session_id")``.
 
+**The provider's numbers.** The hooks report every call's ``Usage`` (``tracker.report_usage``; the
+SDK's ``input_tokens`` includes ``input_tokens_details.cached_tokens``, so the tracker is sent the
+uncached rest and the cached tokens as ``cache_read_tokens``). A context-length error cannot be
+recovered by the filter (the SDK calls the model after it returns, and its own retries resend the
+same input): wrap the agent's model, ``Agent(model=tracker_filter.wrap_model(model))``, and a
+provider's "too long" error (``openai.BadRequestError`` ``context_length_exceeded``) on an input the
+filter settled is reported (``tracker.report_rejection``), the history compacted and the call made
+once more with the compacted input (see :mod:`tracker.integrations._provider`); a second failure
+propagates out of ``Runner.run``.
+
 Server-managed conversations (``conversation_id=``, ``previous_response_id=``) send only the
 new items, so the filter cannot see (or shorten) the history: use the tracker with
 client-side history (the default, or an SDK ``Session``).
@@ -46,11 +58,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import inspect
 import logging
 import threading
 import weakref
-from collections.abc import Awaitable, Coroutine, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, Unpack
 
@@ -80,6 +93,7 @@ from tracker.integrations._openai_items import (
     transcript,
     view_of,
 )
+from tracker.integrations._provider import ModelCall, Usage, report_usage_kwargs
 from tracker.protocol import TrackerProtocol
 
 __all__ = [
@@ -137,6 +151,16 @@ class _OnLoop:
             return [e async for e in self._inner.history(session_id, from_version)]
 
         return iter(self._run(collect()))
+
+    def __getattr__(self, name: str) -> Any:
+        if name not in ("report_usage", "report_rejection"):
+            raise AttributeError(name)
+        report = getattr(self._inner, name)  # AttributeError when the tracker takes no such report
+
+        def call(session_id: str, **kw: Any) -> Any:
+            return self._run(report(session_id, **kw))
+
+        return call
 
 
 def _context_session(context: Any) -> str | None:
@@ -208,6 +232,72 @@ def _remember(session: str, items_digest: str, settled: _Settled) -> None:
 def _recall(session: str, items_digest: str) -> _Settled | None:
     with _SETTLED_LOCK:
         return _SETTLED.get((session, items_digest))
+
+
+@dataclass
+class _Call:
+    """The model call a filter settled in this task: what the SDK sends next is ``sent``."""
+
+    filter: ContextTrackerFilter
+    call: ModelCall
+    items: list[Any]
+    sent: list[Any]
+
+
+_CALL: contextvars.ContextVar[_Call | None] = contextvars.ContextVar("context_tracker_call", default=None)
+
+
+class _RecoveringModel(Model):
+    """An SDK ``Model`` whose call of a filtered input recovers once from a context-length error."""
+
+    def __init__(self, inner: Model, owner: ContextTrackerFilter) -> None:
+        self.inner, self.owner = inner, owner
+
+    def _pending(self, input: Any) -> _Call | None:
+        pending = _CALL.get()
+        if pending is None or pending.filter is not self.owner or not isinstance(input, list):
+            return None
+        return pending if digest(items_of(input)) == digest(items_of(pending.sent)) else None
+
+    async def get_response(self, system_instructions: str | None, input: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await self.inner.get_response(system_instructions, input, *args, **kwargs)
+        except Exception as exc:
+            pending = self._pending(input)
+            retry = await self.owner._recover(pending, exc) if pending is not None else None
+            if retry is None:
+                raise
+        return await self.inner.get_response(system_instructions, retry, *args, **kwargs)
+
+    async def stream_response(
+        self, system_instructions: str | None, input: Any, *args: Any, **kwargs: Any
+    ) -> AsyncIterator[Any]:
+        """A failure before the stream's first event is recovered like ``get_response``'s; a later one propagates."""
+        stream = self.inner.stream_response(system_instructions, input, *args, **kwargs)
+        try:
+            first = await anext(stream)
+        except StopAsyncIteration:
+            return
+        except Exception as exc:
+            pending = self._pending(input)
+            retry = await self.owner._recover(pending, exc) if pending is not None else None
+            if retry is None:
+                raise
+            async for event in self.inner.stream_response(system_instructions, retry, *args, **kwargs):
+                yield event
+            return
+        yield first
+        async for event in stream:
+            yield event
+
+    def get_retry_advice(self, request: Any) -> Any:
+        return self.inner.get_retry_advice(request)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+    async def _cleanup_on_run_end(self, owner: object) -> None:
+        await self.inner._cleanup_on_run_end(owner)
 
 
 class ContextTrackerFilter:
@@ -284,21 +374,53 @@ class ContextTrackerFilter:
         def summarize(start: int, end: int, budget: int) -> str:
             return self._summarize(spans(start, end), budget, agent, loop)
 
-        items_at = [items]  # the SDK items, with the replacements the call made applied
-        out = await asyncio.to_thread(self._settle, guard, session, view, summarize, items_at)
-        sent = items_at[0]
+        call = ModelCall(guard, session, view, summarize)
+        out = await asyncio.to_thread(call.settle)  # the tracker's calls block
+        sent = self._applied(session, view, items, out.replacements)
         _remember(session, digest(out.view.items), _Settled(out.view.basis(), out.view.revision))
+        _CALL.set(_Call(self, call, items, sent))  # for the model wrapper (``wrap_model``), in this run's task
         return ModelInputData(input=sent, instructions=instructions)
 
-    def _settle(self, guard: ContextGuard, session: str, view: View, summarize: Any, items_at: list[list[Any]]) -> Any:
-        """Runs in a worker thread (the tracker's calls block); applies each replacement to the SDK items too."""
-        out = guard.before_call(session, view, summarize)
+    def _applied(self, session: str, view: View, items: list[Any], reps: Sequence[Replacement]) -> list[Any]:
+        """The SDK items after ``reps`` (each refers to the history the one before left), each recorded."""
         current = view
-        for rep in out.replacements:  # each refers to the history as the one before left it
+        for rep in reps:
             self._record(session, _Made(rep, digest(current.items[rep.start : rep.end])))
-            items_at[0] = items_at[0][: rep.start] + [summary_input_item(rep.summary)] + items_at[0][rep.end :]
+            items = items[: rep.start] + [summary_input_item(rep.summary)] + items[rep.end :]
             current = current.apply(rep)
-        return out
+        return items
+
+    async def _recover(self, pending: _Call, exc: BaseException) -> list[Any] | None:
+        """The model refused what this filter sent as too long: the compacted input to retry with, or None."""
+        call = pending.call
+        sent = call.outcome
+        out = await asyncio.to_thread(call.recover, exc)
+        if out is None or sent is None:
+            return None
+        retry = self._applied(call.session_id, sent.view, pending.sent, out.replacements[len(sent.replacements) :])
+        settled = _Settled(out.view.basis(), out.view.revision)
+        _remember(call.session_id, digest(out.view.items), settled)
+        _remember(call.session_id, digest(sent.view.items), settled)  # the hooks' call of the refused input got this
+        pending.sent = retry
+        return retry
+
+    def wrap_model(self, model: Model | str) -> Model:
+        """``model`` (an SDK ``Model``, or a name for ``model_provider``) recovering from one context-length error.
+
+        ``Agent(model=tracker_filter.wrap_model(model))``: when the provider refuses the input this filter
+        sent as too long, the rejection is reported, the history compacted and the call made once more
+        with the compacted input (see :mod:`tracker.integrations._provider`). The filter alone cannot:
+        the SDK calls the model after the filter returns, and retries with the same input."""
+        if isinstance(model, str):
+            provider = self.model_provider
+            if provider is None:
+                from agents import MultiProvider
+
+                provider = self.model_provider = MultiProvider()
+            model = provider.get_model(model)
+        if not isinstance(model, Model):
+            raise InvalidInput("model", f"must be an SDK Model or a model name, got {model!r}")
+        return _RecoveringModel(model, self)
 
     def _loop_guard(self, loop: asyncio.AbstractEventLoop) -> ContextGuard:
         return ContextGuard(_OnLoop(self.tracker, loop), count_tokens=self._count, **self._guard_args)
@@ -415,7 +537,11 @@ async def _awaited(value: Awaitable[str]) -> str:
 
 @dataclass(frozen=True)
 class LLMUsage:
-    """The provider's usage of one model call, and the basis the tracker observed that call's request with."""
+    """The provider's usage of one model call, and the basis the tracker observed that call's request with.
+
+    ``input_tokens`` is the SDK's (OpenAI's) input total, which *includes* ``cached_input_tokens``
+    (and ``cache_write_tokens``, where the provider reports them); :attr:`usage` is the same in the
+    tracker's terms (``input_tokens`` uncached), as reported."""
 
     session_id: str
     model: str
@@ -429,6 +555,16 @@ class LLMUsage:
     response_id: str | None = None
     agent: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    cache_write_tokens: int = 0
+
+    @property
+    def usage(self) -> Usage | None:
+        return Usage.inclusive(
+            self.input_tokens,
+            output_tokens=self.output_tokens,
+            cache_read_tokens=self.cached_input_tokens,
+            cache_write_tokens=self.cache_write_tokens,
+        )
 
 
 class ContextTrackerHooks(RunHooks[Any]):
@@ -437,14 +573,13 @@ class ContextTrackerHooks(RunHooks[Any]):
     ``on_llm_start`` notes the request the model is sent (and, from the
     :class:`ContextTrackerFilter` that settled it, the basis it was observed with: ``r<revision>:h<digest>``;
     without the filter, ``r1:h<digest>`` for a history holding no summary); ``on_llm_end`` takes the
-    response's ``Usage`` (input, cached input, output and reasoning tokens) and records an
-    :class:`LLMUsage` in ``usages`` (the newest ``keep`` of them).
-
-    It then calls ``tracker.report_usage(session_id, basis=..., input_tokens=..., ...)`` **when the
-    tracker has that method**. No tracker has it yet (a later step adds it), so until then the
-    report is a no-op: the usage is collected here and nothing is sent. The keyword arguments passed
-    are those of :class:`LLMUsage` that ``report_usage``'s signature accepts. A report that fails is
-    logged, never raised into the run.
+    response's ``Usage`` (input, cached input, output and reasoning tokens), records an
+    :class:`LLMUsage` in ``usages`` (the newest ``keep`` of them) and reports it:
+    ``tracker.report_usage(session_id, basis=..., input_tokens=<input - cached>, cache_read_tokens=<cached>,
+    output_tokens=...)`` (the SDK's ``input_tokens`` counts the cached tokens; the tracker's does not).
+    A call the filter's :meth:`~ContextTrackerFilter.wrap_model` retried after a context-length error
+    is reported on the basis of the compacted input it sent. A report that fails is logged, never
+    raised into the run; a tracker without ``report_usage`` is sent nothing.
     """
 
     def __init__(
@@ -464,12 +599,12 @@ class ContextTrackerHooks(RunHooks[Any]):
         self.session = session
         self.keep = keep
         self.usages: list[LLMUsage] = []
-        self._pending: weakref.WeakKeyDictionary[Any, list[tuple[str, str | None]]] = weakref.WeakKeyDictionary()
+        self._pending: weakref.WeakKeyDictionary[Any, list[tuple[str, str, str | None]]] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
 
     @property
     def reports_usage(self) -> bool:
-        """Whether the tracker takes usage reports (``report_usage``); False until that API exists."""
+        """Whether the tracker takes usage reports (``report_usage``)."""
         return callable(getattr(self.tracker, "report_usage", None))
 
     async def on_llm_start(
@@ -486,18 +621,21 @@ class ContextTrackerHooks(RunHooks[Any]):
         else:
             basis = None  # a compacted history this process did not settle: its revision is unknown here
         with self._lock:
-            self._pending.setdefault(context, []).append((session, basis))
+            self._pending.setdefault(context, []).append((session, d, basis))
 
     async def on_llm_end(self, context: RunContextWrapper[Any], agent: Agent[Any], response: ModelResponse) -> None:
         with self._lock:
             pending = self._pending.get(context) or []
-            session, basis = (
-                pending.pop(0)
-                if pending
-                else (_resolve_session(self.session_id, self.session, context.context, "the LLM call"), None)
-            )
+            if pending:
+                session, d, basis = pending.pop(0)
+                settled = _recall(session, d)  # a retried call: the basis of the input it sent in the end
+                basis = settled.basis if settled is not None else basis
+            else:
+                session, basis = _resolve_session(self.session_id, self.session, context.context, "the LLM call"), None
         u = response.usage
-        cached = getattr(getattr(u, "input_tokens_details", None), "cached_tokens", 0) or 0
+        details = getattr(u, "input_tokens_details", None)
+        cached = getattr(details, "cached_tokens", 0) or 0
+        written = getattr(details, "cache_write_tokens", 0) or 0
         reasoning = getattr(getattr(u, "output_tokens_details", None), "reasoning_tokens", 0) or 0
         usage = LLMUsage(
             session_id=session,
@@ -511,6 +649,7 @@ class ContextTrackerHooks(RunHooks[Any]):
             requests=int(u.requests),
             response_id=response.response_id,
             agent=getattr(agent, "name", None),
+            cache_write_tokens=int(written),
         )
         with self._lock:
             self.usages.append(usage)
@@ -519,28 +658,17 @@ class ContextTrackerHooks(RunHooks[Any]):
 
     async def _report(self, usage: LLMUsage) -> None:
         report = getattr(self.tracker, "report_usage", None)
-        if not callable(report):
-            return  # the tracker has no usage-report API yet: collected, not sent
+        billed = usage.usage
+        if not callable(report) or billed is None:
+            return
         if usage.basis is None:
             log.warning("session %s: usage of an LLM call with no known basis is not reported", usage.session_id)
             return
-        offered = {
-            "basis": usage.basis,
-            "input_tokens": usage.input_tokens,
-            "output_tokens": usage.output_tokens,
-            "cached_input_tokens": usage.cached_input_tokens,
-            "reasoning_tokens": usage.reasoning_tokens,
-            "total_tokens": usage.total_tokens,
-            "model": usage.model,
-            "response_id": usage.response_id,
-        }
+        kwargs = report_usage_kwargs(usage.basis, billed)
         try:
-            params = inspect.signature(report).parameters
-            if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-                offered = {k: v for k, v in offered.items() if k in params}
             if inspect.iscoroutinefunction(report):
-                await report(usage.session_id, **offered)
+                await report(usage.session_id, **kwargs)
             else:
-                await asyncio.to_thread(report, usage.session_id, **offered)
+                await asyncio.to_thread(report, usage.session_id, **kwargs)
         except Exception as exc:  # noqa: BLE001 - a usage report never breaks the agent's run
             log.warning("session %s: usage report failed: %s: %s", usage.session_id, type(exc).__name__, exc)

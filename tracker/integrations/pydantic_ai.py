@@ -23,6 +23,16 @@ one ``ModelRequest`` carrying the system prompt parts and the summary, whose
 ``metadata["context_tracker"]["revision"]`` is the history's new revision. On ``wait`` it waits;
 ``ContextLimitError`` propagates to the caller of ``agent.run``. See
 :mod:`tracker.integrations._compaction` for the whole protocol.
+
+As a capability it also closes the loop with the provider (:mod:`tracker.integrations._provider`):
+``after_model_request`` reports each response's ``RequestUsage`` (``tracker.report_usage``, on the
+basis the request was observed with; pydantic-ai's ``input_tokens`` includes the cache reads and
+writes, so the tracker is sent ``input_tokens - cache_read_tokens - cache_write_tokens`` beside
+them), and ``on_model_request_error`` takes a provider's context-length error
+(``ModelContextWindowExceededError``, or a message such as ``prompt is too long: ...``): it is reported
+(``tracker.report_rejection``), the history compacted, and the request attempted once more
+(``RetryModelRequest``; ``prepare_model_request`` sends the compacted history). A second failure
+propagates; a report that fails is logged. A history processor sees no responses: it only observes.
 """
 
 from __future__ import annotations
@@ -31,11 +41,14 @@ import asyncio
 import base64
 import inspect
 import json
+import threading
 from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass
 from typing import Any, Unpack
 
 from pydantic_ai import RunContext
 from pydantic_ai.capabilities import AbstractCapability
+from pydantic_ai.exceptions import RetryModelRequest
 from pydantic_ai.messages import (
     BinaryContent,
     ImageUrl,
@@ -57,14 +70,16 @@ from tracker.integrations._compaction import (
     ContextGuard,
     GuardOptions,
     Item,
+    Outcome,
     Spans,
     View,
     marked_revision,
     summary_prompt,
 )
+from tracker.integrations._provider import ModelCall, Usage
 from tracker.protocol import TrackerProtocol
 
-__all__ = ["ContextTrackerCapability", "message_item", "summary_message", "to_request"]
+__all__ = ["ContextTrackerCapability", "message_item", "summary_message", "to_request", "usage_of"]
 
 
 # -- pydantic-ai messages → the tracker's request shape ----------------------------------------
@@ -225,6 +240,8 @@ class ContextTrackerCapability(AbstractCapability[Any]):
         self.guard = ContextGuard(tracker, model=model, **options)
         self.summarizer = summarizer
         self.session_id = session_id
+        self._steps: dict[tuple[str, int], _Step] = {}
+        self._lock = threading.Lock()
 
     @classmethod
     def get_serialization_name(cls) -> str | None:
@@ -235,15 +252,57 @@ class ContextTrackerCapability(AbstractCapability[Any]):
         params = request_context.model_request_parameters
         instructions = [p.content for p in (params.instruction_parts or [])]
         tools = [*params.function_tools, *params.output_tools]
-        new = await self._process(ctx, list(request_context.messages), instructions, tools, request_context.model)
+        messages = list(request_context.messages)
+        call = self._call(ctx, messages, instructions, tools, request_context.model)
+        out = await asyncio.to_thread(call.settle)  # the tracker's calls block
+        step = _Step(call, messages)
+        self._remember(ctx, step)
+        new = compacted(messages, out)
         if new is not None:
+            step.sending = new
             request_context.messages = list(new)
             ctx.messages[:] = new
         return request_context
 
+    async def prepare_model_request(self, ctx: RunContext[Any], request_context: Any) -> Any:
+        """Each attempt starts from the request ``before_model_request`` left: a retry sends the compacted one."""
+        step = self._steps.get(_step_key(ctx))
+        if step is not None and step.retrying:
+            request_context.messages = list(step.sending or step.messages)
+        return request_context
+
+    async def on_model_request_error(self, ctx: RunContext[Any], *, request_context: Any, error: Exception) -> Any:
+        """A context-length error: report it, compact, and make one more attempt (``RetryModelRequest``)."""
+        key = _step_key(ctx)
+        step = self._steps.get(key)
+        if step is None:
+            raise error
+        try:
+            out = await asyncio.to_thread(step.call.recover, error)
+        except BaseException:
+            self._steps.pop(key, None)
+            raise
+        if out is None:
+            self._steps.pop(key, None)
+            raise error
+        new = compacted(step.messages, out)
+        step.sending, step.retrying = new, True
+        if new is not None:
+            ctx.messages[:] = new
+        raise RetryModelRequest() from error
+
+    async def after_model_request(self, ctx: RunContext[Any], *, request_context: Any, response: ModelResponse) -> Any:
+        """Report the response's usage (``RequestUsage``) on the basis of the request that got it."""
+        step = self._steps.pop(_step_key(ctx), None)
+        if step is not None:
+            await asyncio.to_thread(step.call.succeeded, response, usage_of)
+        return response
+
     # -- as a history processor ----------------------------------------------------------------
     async def __call__(self, ctx: RunContext[Any], messages: list[ModelMessage]) -> list[ModelMessage]:
-        new = await self._process(ctx, list(messages), (), (), ctx.model)
+        messages = list(messages)
+        out = await asyncio.to_thread(self._call(ctx, messages, (), (), ctx.model).settle)
+        new = compacted(messages, out)
         return messages if new is None else new
 
     # -- work ------------------------------------------------------------------------------
@@ -253,14 +312,21 @@ class ContextTrackerCapability(AbstractCapability[Any]):
             raise InvalidInput("session_id", "the run has no conversation_id: pass session_id= to the capability")
         return str(session)
 
-    async def _process(
+    def _remember(self, ctx: RunContext[Any], step: _Step) -> None:
+        with self._lock:
+            self._steps[_step_key(ctx)] = step
+            while len(self._steps) > _STEPS_MAX:  # steps whose call never ended (a cancelled run)
+                self._steps.pop(next(iter(self._steps)))
+
+    def _call(
         self,
         ctx: RunContext[Any],
         messages: list[ModelMessage],
         instructions: Sequence[str],
         tools: Sequence[Any],
         model: Any,
-    ) -> list[ModelMessage] | None:
+    ) -> ModelCall:
+        """The model call: observe (and compact / wait / adopt), report usage, recover from one rejection."""
         loop = asyncio.get_running_loop()
         session = self._session(ctx)
         view = view_of(messages, instructions, tools)
@@ -269,18 +335,7 @@ class ContextTrackerCapability(AbstractCapability[Any]):
         def summarize(start: int, end: int, budget: int) -> str:
             return self._summarize(spans(start, end), budget, model, loop)
 
-        out = await asyncio.to_thread(self.guard.before_call, session, view, summarize)  # the tracker's calls block
-        if not out.replacements:
-            return None
-        for rep in out.replacements:  # each refers to the history as the one before left it
-            span = messages[rep.start : rep.end]
-            system_parts = [
-                p for m in span if isinstance(m, ModelRequest) for p in m.parts if isinstance(p, SystemPromptPart)
-            ]
-            messages = (
-                messages[: rep.start] + [summary_message(rep.summary, rep.revision, system_parts)] + messages[rep.end :]
-            )
-        return messages
+        return ModelCall(self.guard, session, view, summarize)
 
     def _summarize(self, messages: list[ModelMessage], budget: int, model: Any, loop: asyncio.AbstractEventLoop) -> str:
         """Runs in a worker thread; anything async runs on the agent's own loop, which awaits this thread."""
@@ -303,3 +358,50 @@ class ContextTrackerCapability(AbstractCapability[Any]):
 
 async def _awaited(value: Awaitable[str]) -> str:
     return await value
+
+
+_STEPS_MAX = 4096
+
+
+@dataclass
+class _Step:
+    """One request step of a run: its model call, the history it began with, what it sends."""
+
+    call: ModelCall
+    messages: list[ModelMessage]
+    sending: list[ModelMessage] | None = None  # the compacted history, when compacted
+    retrying: bool = False
+
+
+def _step_key(ctx: RunContext[Any]) -> tuple[str, int]:
+    return (str(ctx.run_id) if ctx.run_id is not None else f"ctx-{id(ctx)}", ctx.run_step)
+
+
+def compacted(messages: list[ModelMessage], out: Outcome) -> list[ModelMessage] | None:
+    """The history after the outcome's replacements (each refers to the history the one before left), or None."""
+    if not out.replacements:
+        return None
+    for rep in out.replacements:
+        span = messages[rep.start : rep.end]
+        system_parts = [
+            p for m in span if isinstance(m, ModelRequest) for p in m.parts if isinstance(p, SystemPromptPart)
+        ]
+        messages = (
+            messages[: rep.start] + [summary_message(rep.summary, rep.revision, system_parts)] + messages[rep.end :]
+        )
+    return messages
+
+
+def usage_of(response: ModelResponse) -> Usage | None:
+    """The usage of a model response: its ``RequestUsage``, whose ``input_tokens`` includes the cache
+    reads and writes (pydantic-ai's convention, for every provider): they are taken out of it. A
+    response that omitted usage (``unmeasured_requests``) reports nothing."""
+    u = response.usage
+    if getattr(u, "unmeasured_requests", 0):
+        return None
+    return Usage.inclusive(
+        u.input_tokens,
+        output_tokens=u.output_tokens,
+        cache_read_tokens=u.cache_read_tokens,
+        cache_write_tokens=u.cache_write_tokens,
+    )
