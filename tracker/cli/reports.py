@@ -46,12 +46,12 @@ BASIS = typer.Option(
     ..., "--basis", help="the measured basis the request covered (r<revision>:<through>, or a bare through)"
 )
 MODEL = typer.Option(None, "--model", help="the model (name or provider/name): the measured one", callback=identifier)
-KEY = typer.Option(None, "--idempotency-key", help="a retry with the same key records nothing more", callback=identifier)
+KEY = typer.Option(
+    None, "--idempotency-key", help="a retry with the same key records nothing more", callback=identifier
+)
 
 
-def _report(
-    session_id: str, fleet: str | None, as_json: bool, write: Callable[[Tracker, str], Report]
-) -> None:
+def _report(session_id: str, fleet: str | None, as_json: bool, write: Callable[[Tracker, str], Report]) -> None:
     """``write(tracker, stored_id)`` on the session (``--fleet``: the fleet's), the report printed."""
     from tracker.bootstrap import build_fleets
     from tracker.service import Tracker
@@ -190,7 +190,9 @@ def calibration(
             )
 
         if not rows:
-            console.print("no usage reports or provider rejections recorded" + (f" in fleet {plain(fleet)}" if fleet else ""))
+            console.print(
+                "no usage reports or provider rejections recorded" + (f" in fleet {plain(fleet)}" if fleet else "")
+            )
             return
         print_table(
             f"calibration: {plural(len(rows), 'model')}",

@@ -202,7 +202,9 @@ async def report_rejection(body: RejectionIn, request: Request, session_id: str 
     return await _report(request, Commands.report_rejection, session_id, body)
 
 
-async def _report(request: Request, command: Callable[..., Any], session_id: str, body: UsageIn | RejectionIn) -> Response:
+async def _report(
+    request: Request, command: Callable[..., Any], session_id: str, body: UsageIn | RejectionIn
+) -> Response:
     """A provider report for the caller's session, answered with ``Report.to_data()``."""
     runtime, caller = runtime_of(request), caller_of(request)
     report = await _run(runtime, command, caller.internal(session_id), **body.model_dump())

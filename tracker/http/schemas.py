@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model
 
 from tracker.core import Attempt, Decision, Policy, SessionState, check_text
-from tracker.core.events import ProviderRejected, UsageReported
+from tracker.core.events import DomainEvent, ProviderRejected, UsageReported
 from tracker.core.model import FLEET_ID_LEN, JSON_SAFE_INT, MAX_SESSION_ID_LEN, Quality, SessionScope
 from tracker.core.provider_errors import MAX_MESSAGE_CHARS
 from tracker.core.state import LastMeasurement
@@ -122,7 +122,10 @@ class UsageIn(_In):
     """What the provider billed for the request of ``basis`` (its response's ``usage``)."""
 
     basis: SafeText = Field(
-        ..., min_length=1, max_length=220, description="the measured basis the request covered (`r<revision>:<through>`)"
+        ...,
+        min_length=1,
+        max_length=220,
+        description="the measured basis the request covered (`r<revision>:<through>`)",
     )
     input_tokens: int = Field(
         ..., strict=True, ge=0, le=JSON_SAFE_INT, description="input tokens billed (uncached; cache tokens apart)"
@@ -140,7 +143,10 @@ class RejectionIn(_In):
     """The provider refused the request of ``basis`` as too long for the model's context."""
 
     basis: SafeText = Field(
-        ..., min_length=1, max_length=220, description="the measured basis the request covered (`r<revision>:<through>`)"
+        ...,
+        min_length=1,
+        max_length=220,
+        description="the measured basis the request covered (`r<revision>:<through>`)",
     )
     # the provider's text as it came (newlines included): the tracker keeps it with control characters as spaces
     message: str | None = Field(
@@ -255,19 +261,22 @@ class PolicyOut(BaseModel):
     policy: PolicyFieldsOut  # type: ignore[valid-type]
 
 
-def _report_view(name: str, event: type, doc: str) -> type[BaseModel]:
+def _report_view(name: str, event: type[DomainEvent], doc: str) -> type[BaseModel]:
+    kind: Any = Literal[event.TYPE]  # the literal of the event class's name
     return view(
         name,
         event,
         doc,
         session_id=str,
         version=(int, Field(..., description="the session's version after the report")),
-        type=Literal[event.TYPE],  # type: ignore[name-defined]  # a literal of the event class's name
+        type=kind,
     )
 
 
 UsageReportOut = _report_view(
-    "UsageReportOut", UsageReported, "A recorded usage report (``Report.to_data()``): the measured count beside the billed one."
+    "UsageReportOut",
+    UsageReported,
+    "A recorded usage report (``Report.to_data()``): the measured count beside the billed one.",
 )
 RejectionReportOut = _report_view(
     "RejectionReportOut",
