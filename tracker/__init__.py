@@ -15,6 +15,7 @@ from tracker.core.loopguard import LoopGuardEntry, ReclaimPlan, plan_reclaim
 from tracker.core.model import Basis, Measurement, ModelRef
 from tracker.core.outcome import Decision
 from tracker.core.policy import Policy
+from tracker.core.reports import Report
 from tracker.core.state import Attempt, SessionState
 from tracker.errors import (
     AttemptError,
@@ -73,6 +74,7 @@ __all__ = [
     "Settings",
     "Policy",
     # what its methods return
+    "Report",
     "Result",
     "Decision",
     "Attempt",

@@ -38,9 +38,10 @@ from tracker.core.decide import Result
 from tracker.core.model import Measurement
 from tracker.core.outcome import Decision
 from tracker.core.policy import Policy
+from tracker.core.reports import Report
 from tracker.core.state import Attempt, SessionState
 from tracker.errors import CountTimeout, InvalidInput, StoreUnavailable, TrackerError, WaitTimeout, error_from_dict
-from tracker.protocol import CompactionOptions, ObserveOptions, unexpected
+from tracker.protocol import CompactionOptions, ObserveOptions, RejectionOptions, UsageOptions, unexpected
 from tracker.store.base import StoredEvent
 
 API_PREFIX = "/v1"
@@ -189,6 +190,29 @@ def _reject_call(
 ) -> _Call:
     body = {"fencing_token": fencing_token, "reject_reason": reject_reason}
     return _end_call(session_id, attempt_id, "reject", body, idempotency_key)
+
+
+def _report_body(method: str, options: Any, kind: type) -> dict[str, Any]:
+    unexpected(method, options, kind)
+    body = {k: v for k, v in options.items() if v is not None}
+    if "basis" in body:
+        body["basis"] = str(body["basis"])
+    body["idempotency_key"] = _key(options.get("idempotency_key"))
+    return body
+
+
+def _usage_call(session_id: str, options: UsageOptions) -> _Call:
+    body = _report_body("report_usage", options, UsageOptions)
+    return _Call("POST", _path("sessions", session_id, "usage"), Report.from_data, json=body)
+
+
+def _rejection_call(session_id: str, options: RejectionOptions) -> _Call:
+    body = _report_body("report_rejection", options, RejectionOptions)
+    return _Call("POST", _path("sessions", session_id, "rejection"), Report.from_data, json=body)
+
+
+def _calibration_call() -> _Call:
+    return _Call("GET", _path("calibration"), lambda d: list(d["models"]))
 
 
 def _state_call(session_id: str) -> _Call:
@@ -397,6 +421,21 @@ class TrackerClient(_Base[httpx.BaseTransport]):
     ) -> SessionState:
         return self._run(_reject_call(session_id, attempt_id, fencing_token, reject_reason, idempotency_key))
 
+    def report_usage(self, session_id: str, **options: Unpack[UsageOptions]) -> Report:
+        """What the provider billed for the request of a measured ``basis`` (``Tracker.report_usage``)."""
+        return self._run(_usage_call(session_id, options))
+
+    def report_rejection(self, session_id: str, **options: Unpack[RejectionOptions]) -> Report:
+        """The provider refused the request of a measured ``basis`` as too long (``Tracker.report_rejection``)."""
+        return self._run(_rejection_call(session_id, options))
+
+    def calibration(self) -> list[dict[str, Any]]:
+        """What this key's fleet's provider reports taught, per model and counter kind
+        (``GET /v1/calibration``: ``ModelSummary.to_data()`` rows without ``fleet``).
+
+        Client-only, like ``policy()``: the embedded ``Tracker.calibration(fleet)`` returns ``ModelSummary`` rows."""
+        return self._run(_calibration_call())
+
     def wait(self, session_id: str, attempt_id: str, timeout: float = 30.0) -> str:
         """Block until the attempt ends: 'committed' or 'rejected:<reason>'. Raises ``WaitTimeout``."""
         waiting = _Waiting(session_id, attempt_id, timeout)
@@ -496,6 +535,16 @@ class AsyncTrackerClient(_Base[httpx.AsyncBaseTransport]):
         idempotency_key: str | None = None,
     ) -> SessionState:
         return await self._run(_reject_call(session_id, attempt_id, fencing_token, reject_reason, idempotency_key))
+
+    async def report_usage(self, session_id: str, **options: Unpack[UsageOptions]) -> Report:
+        return await self._run(_usage_call(session_id, options))
+
+    async def report_rejection(self, session_id: str, **options: Unpack[RejectionOptions]) -> Report:
+        return await self._run(_rejection_call(session_id, options))
+
+    async def calibration(self) -> list[dict[str, Any]]:
+        """What this key's fleet's provider reports taught (see ``TrackerClient.calibration``)."""
+        return await self._run(_calibration_call())
 
     async def wait(self, session_id: str, attempt_id: str, timeout: float = 30.0) -> str:
         waiting = _Waiting(session_id, attempt_id, timeout)

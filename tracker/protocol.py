@@ -10,10 +10,11 @@ The keyword arguments of ``observe`` and ``request_compaction`` are declared onc
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator, Mapping
-from typing import Any, Protocol, TypedDict, Unpack, runtime_checkable
+from typing import Any, Protocol, Required, TypedDict, Unpack, runtime_checkable
 
 from tracker.core.decide import Result
 from tracker.core.model import Basis, Measurement
+from tracker.core.reports import Report
 from tracker.core.state import Attempt, SessionState
 from tracker.store.base import StoredEvent
 
@@ -40,6 +41,29 @@ class CompactionOptions(TypedDict, total=False):
 
     basis: Basis | str | None
     overhead_tokens: int | None
+    idempotency_key: str | None
+
+
+class UsageOptions(TypedDict, total=False):
+    """The keyword arguments of ``report_usage``: ``basis`` and ``input_tokens`` required, the rest optional."""
+
+    basis: Required[Basis | str]
+    input_tokens: Required[int]
+    model: str | None
+    output_tokens: int | None
+    cache_read_tokens: int | None
+    cache_write_tokens: int | None
+    idempotency_key: str | None
+
+
+class RejectionOptions(TypedDict, total=False):
+    """The keyword arguments of ``report_rejection``: ``basis`` is required, the rest optional."""
+
+    basis: Required[Basis | str]
+    message: str | None
+    input_tokens: int | None
+    input_limit: int | None
+    model: str | None
     idempotency_key: str | None
 
 
@@ -80,6 +104,10 @@ class TrackerProtocol(Protocol):
 
     def history(self, session_id: str, from_version: int = 1) -> Iterator[StoredEvent]: ...
 
+    def report_usage(self, session_id: str, **options: Unpack[UsageOptions]) -> Report: ...
+
+    def report_rejection(self, session_id: str, **options: Unpack[RejectionOptions]) -> Report: ...
+
 
 @runtime_checkable
 class AsyncTrackerProtocol(Protocol):
@@ -110,3 +138,7 @@ class AsyncTrackerProtocol(Protocol):
     async def state(self, session_id: str) -> SessionState: ...
 
     def history(self, session_id: str, from_version: int = 1) -> AsyncIterator[StoredEvent]: ...
+
+    async def report_usage(self, session_id: str, **options: Unpack[UsageOptions]) -> Report: ...
+
+    async def report_rejection(self, session_id: str, **options: Unpack[RejectionOptions]) -> Report: ...

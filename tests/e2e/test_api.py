@@ -144,6 +144,9 @@ def test_healthz_readyz_and_openapi(server):
         "/v1/sessions/{session_id}",
         "/v1/sessions/{session_id}/history",
         "/v1/events",
+        "/v1/sessions/{session_id}/usage",
+        "/v1/sessions/{session_id}/rejection",
+        "/v1/calibration",
     ):
         assert path in doc["paths"]
     observe_op = doc["paths"]["/v1/sessions/{session_id}/observe"]["post"]

@@ -30,6 +30,7 @@ from tracker import (
     InvalidInput,
     ManualAttemptOpen,
     NotAttemptHolder,
+    Report,
     Result,
     SessionState,
     Settings,
@@ -230,6 +231,37 @@ def test_idempotent_retry_gets_the_original_answer(tracker):
     assert [e.type for e in tracker.history(s)] == ["SessionStarted", "ContextMeasured", "CompactionStarted"]
 
 
+def test_usage_and_rejection_reports(tracker):
+    """The provider's reports: the same ``Report`` from every implementation, a retry with its key
+    records once, bad input writes nothing, and a rejected basis then decides at the hard limit."""
+    s = sid()
+    tracker.observe(s, measurement=m("r1:a", 40_000))
+    u = tracker.report_usage(s, basis="a", input_tokens=30_000, cache_read_tokens=2_000, idempotency_key="u-1")
+    assert isinstance(u, Report) and u.type == "UsageReported" and u.session_id == s and u.version == 3
+    assert u.event.counted_tokens == 40_000 and u.event.billed_tokens == 32_000 and u.event.basis == "r1:a"
+    again = tracker.report_usage(s, basis="a", input_tokens=30_000, cache_read_tokens=2_000, idempotency_key="u-1")
+    assert again == u
+    before = len(list(tracker.history(s)))
+    assert before == 3
+    for bad, field in [
+        (dict(basis="a", input_tokens=-1), "input_tokens"),
+        (dict(basis="zz", input_tokens=1), "basis"),
+        (dict(basis="a", input_tokens=1, model="gpt-4o"), "model"),
+        (dict(basis="a", input_tokens=1, output_tokens=10 * LIMIT), "output_tokens"),
+    ]:
+        with pytest.raises(InvalidInput) as exc:
+            tracker.report_usage(s, **bad)
+        assert exc.value.field == field, (bad, exc.value)
+    with pytest.raises(TypeError, match=r"report_usage\(\) got an unexpected keyword argument 'cached'"):
+        tracker.report_usage(s, basis="a", input_tokens=1, cached=3)
+    assert len(list(tracker.history(s))) == before
+    r = tracker.report_rejection(s, basis="r1:a", message=f"prompt is too long: 101234 tokens > {LIMIT} maximum")
+    assert r.type == "ProviderRejected" and r.event.input_tokens == 101_234 and r.event.input_limit == LIMIT
+    assert r.event.form == "anthropic.prompt_too_long"
+    d = tracker.observe(s, measurement=m("r1:a", 40_000))
+    assert d.action == "compact" and d.decision.rejected and d.decision.trigger == "hard_limit"
+
+
 def test_manual_attempt_and_wait(tracker):
     s = sid()
     tracker.observe(s, measurement=m("r1:a", 1_000))
@@ -318,6 +350,20 @@ def test_503_is_retried_with_the_same_idempotency_key(flaky):
     assert r.action == "proceed" and len(Flaky.seen) == 3
     keys = {body["idempotency_key"] for body in Flaky.seen}
     assert len(keys) == 1 and next(iter(keys))  # generated once, reused on every retry
+
+
+def test_a_report_is_retried_with_the_same_idempotency_key(flaky):
+    report = {"session_id": "s", "version": 3, "type": "UsageReported", "basis": "r1:a", "model": "m"}
+    report |= {"quality": "heuristic_estimate", "counted_tokens": 100, "input_tokens": 90, "at": 1.0}
+    Flaky.script = [(503, UNAVAILABLE), (200, report)]
+    with TrackerClient(flaky, "t", backoff_s=0.01) as c:
+        r = c.report_usage("s", basis="r1:a", input_tokens=90)
+    assert r.event.input_tokens == 90 and len(Flaky.seen) == 2
+    assert [{k: v for k, v in b.items() if k != "idempotency_key"} for b in Flaky.seen] == [
+        {"basis": "r1:a", "input_tokens": 90}
+    ] * 2  # the fields given, nothing else
+    keys = {b["idempotency_key"] for b in Flaky.seen}
+    assert len(keys) == 1 and next(iter(keys))
 
 
 def test_retries_give_up_with_the_typed_error(flaky):

@@ -25,12 +25,15 @@ def uses(t: TrackerProtocol) -> None:
     reveal_type(r)
     a = t.request_compaction("s", basis="r1:b", overhead_tokens=3, idempotency_key="k")
     reveal_type(t.commit("s", a.attempt_id, a.fencing_token, tokens_after=10))
+    reveal_type(t.report_usage("s", basis="r1:b", input_tokens=10, cache_read_tokens=2))
+    t.report_rejection("s", basis="r1:b", message="prompt is too long")
 
 
 async def uses_async(t: AsyncTrackerProtocol, c: AsyncTrackerClient) -> None:
     reveal_type(await t.observe("s", measurement={"basis": "r1:a"}, scope="tool"))
     reveal_type(await c.observe("s", measurement={"basis": "r1:a"}, idempotency_key="k"))
     reveal_type(await c.request_compaction("s", basis="r1:b"))
+    reveal_type(await t.report_rejection("s", basis="r1:b", input_tokens=9, input_limit=8))
 
 
 def wiring(tracker: Tracker, client: TrackerClient, aclient: AsyncTrackerClient) -> None:
@@ -50,6 +53,8 @@ def misuse(c: TrackerClient) -> None:
     c.observe("s", measurment={"basis": "r1:a"})
     c.observe("s", request={}, model=42, basis="b1")
     c.request_compaction("s", overhead_tokens="many")
+    c.report_usage("s", basis="r1:a", input_tokens="12")
+    c.report_usage("s", input_tokens=12)
     ContextTrackerMiddleware(c, model="m", keep_last="all")
 """
 
@@ -69,9 +74,11 @@ def test_the_declared_keywords_are_named_typed_parameters(monkeypatch, tmp_path)
     assert revealed == [
         '"tracker.core.decide.Result"',
         '"tracker.core.state.SessionState"',
+        '"tracker.core.reports.Report"',
         '"tracker.core.decide.Result"',
         '"tracker.core.decide.Result"',
         '"tracker.core.state.Attempt"',
+        '"tracker.core.reports.Report"',
         '"tracker.core.decide.Result"',
     ], out
 
@@ -82,4 +89,6 @@ def test_a_misspelt_or_mistyped_keyword_is_a_type_error(monkeypatch, tmp_path):
     assert 'Unexpected keyword argument "measurment"' in out, out
     assert 'Argument "model" to "observe" of "TrackerClient" has incompatible type "int"' in out, out
     assert 'Argument "overhead_tokens" to "request_compaction" of "TrackerClient" has incompatible type "str"' in out
+    assert 'Argument "input_tokens" to "report_usage" of "TrackerClient" has incompatible type "str"' in out, out
+    assert 'Missing named argument "basis" for "report_usage" of "TrackerClient"' in out, out
     assert 'Argument "keep_last" to "ContextTrackerMiddleware" has incompatible type "str"' in out, out

@@ -25,10 +25,25 @@ def summary(event: ev.DomainEvent | Unrecognised) -> str:
     match event:
         case ev.ContextMeasured(measurement=m):
             return (
-                f"{m['basis']} {m['input_tokens']}/{m['input_limit']} ({event.occupancy_bp} bp) "
+                f"{m['basis']} {_measured(event)} ({event.occupancy_bp} bp) "
                 f"{event.pressure_before}→{event.pressure} → {event.action}"
                 + (f" [{event.trigger}]" if event.trigger else "")
+                + (" (provider rejected this basis)" if event.rejected else "")
             )
+        case ev.UsageReported():
+            return f"usage {event.basis} billed {event.billed_tokens:,} (counted {event.counted_tokens:,})" + (
+                f", {event.output_tokens:,} out" if event.output_tokens is not None else ""
+            )
+        case ev.ProviderRejected():
+            if event.input_tokens is not None and event.input_limit is not None:
+                numbers = f": {event.input_tokens:,} > {event.input_limit:,}"
+            elif event.input_tokens is not None:
+                numbers = f": {event.input_tokens:,} tokens"
+            else:
+                numbers = f" (counted {event.counted_tokens:,})"
+            form = f" ({event.form})" if event.form else (" (message not recognised)" if event.message else "")
+            learned = f", learned limit {event.learned_limit:,}" if event.learned_limit is not None else ""
+            return f"provider rejected {event.basis}{numbers}{form}{learned}"
         case ev.CompactionStarted():
             budget = event.history_budget
             trigger = f" ({event.trigger})" if event.trigger else ""
@@ -69,6 +84,21 @@ def summary(event: ev.DomainEvent | Unrecognised) -> str:
         case Unrecognised(data=data):
             return json.dumps(data)[:100]
     return json.dumps(event.to_data())[:100]
+
+
+def _measured(event: ev.ContextMeasured) -> str:
+    """``tokens/limit`` as decided; the counter's raw count (and the measured limit) beside them when
+    calibration or a learned limit changed them."""
+    m = event.measurement
+    raw, limit = m["input_tokens"], m["input_limit"]
+    tokens, decided_limit = event.decided_tokens, event.decided_limit
+    text = f"{tokens}/{decided_limit}"
+    notes = []
+    if tokens != raw:
+        notes.append(f"counted {raw}")
+    if decided_limit != limit:
+        notes.append(f"learned limit, measured {limit}")
+    return text + (f" ({', '.join(notes)})" if notes else "")
 
 
 def pressure_markup(pressure: str) -> str:

@@ -9,6 +9,8 @@ caller's fleet (:func:`caller_of`, set by ``AuthMiddleware``) and maps session i
 out of it.
 
     POST /v1/sessions/{session_id}/observe                          record a measurement, or count a request -> decision
+    POST /v1/sessions/{session_id}/usage                            report what the provider billed for a measured basis
+    POST /v1/sessions/{session_id}/rejection                        report the provider refused a measured basis as too long
     POST /v1/sessions/{session_id}/compactions                      open a manual compaction attempt (201)
     POST /v1/sessions/{session_id}/compactions/{attempt_id}/commit  commit it (tokens_after)
     POST /v1/sessions/{session_id}/compactions/{attempt_id}/reject  reject it (reject_reason)
@@ -18,6 +20,7 @@ out of it.
     GET  /v1/sessions/{session_id}/history                          its events (?from_version=&limit=)
     GET  /v1/events                                                 the fleet's events in global commit order (?after=&limit=)
     GET  /v1/policy                                                 the policy the fleet's new sessions start with
+    GET  /v1/calibration                                            what the fleet's provider reports taught, per model
     GET  /healthz                                                   the process is up
     GET  /readyz                                                    database reachable + schema current (+ Redis, + the read replica's lag, if configured)
     GET  /metrics                                                   Prometheus metrics
@@ -46,6 +49,7 @@ from tracker.http.schemas import (
     SESSION_ID_PATTERN,
     WAIT_MAX_S,
     AttemptOut,
+    CalibrationOut,
     CommitIn,
     DecisionOut,
     FeedOut,
@@ -55,8 +59,12 @@ from tracker.http.schemas import (
     ObserveIn,
     PolicyOut,
     RejectIn,
+    RejectionIn,
+    RejectionReportOut,
     SessionsOut,
     SessionStateOut,
+    UsageIn,
+    UsageReportOut,
     WaitOut,
 )
 
@@ -174,6 +182,33 @@ async def observe(body: ObserveIn, request: Request, session_id: str = SessionPa
         kwargs.update(request=body.request, model=body.model, basis=body.basis)
     result = await _run(runtime, Commands.observe, sid, **kwargs)
     data = result.to_data()
+    data["session_id"] = session_id
+    return _json(data)
+
+
+@sessions.post("/{session_id}/usage", response_model=UsageReportOut, responses=responses())
+async def report_usage(body: UsageIn, request: Request, session_id: str = SessionPath) -> Response:
+    """Record what the provider billed for the request of a measured ``basis`` (its response's usage):
+    a calibration sample for the measured model in this fleet. The basis must be one of the session's
+    last 8 measured, the model the measured one, every count plausible; else 422 naming the field."""
+    return await _report(request, Commands.report_usage, session_id, body)
+
+
+@sessions.post("/{session_id}/rejection", response_model=RejectionReportOut, responses=responses())
+async def report_rejection(body: RejectionIn, request: Request, session_id: str = SessionPath) -> Response:
+    """Record that the provider refused the request of a measured ``basis`` as too long. Its count and
+    limit are read from ``message`` unless given; from then on that basis decides at the hard limit
+    (``compact``, ``wait`` or ``context_limit``), and a lower limit is learned for the model."""
+    return await _report(request, Commands.report_rejection, session_id, body)
+
+
+async def _report(
+    request: Request, command: Callable[..., Any], session_id: str, body: UsageIn | RejectionIn
+) -> Response:
+    """A provider report for the caller's session, answered with ``Report.to_data()``."""
+    runtime, caller = runtime_of(request), caller_of(request)
+    report = await _run(runtime, command, caller.internal(session_id), **body.model_dump())
+    data = report.to_data()
     data["session_id"] = session_id
     return _json(data)
 
@@ -340,4 +375,24 @@ def fleet_policy(request: Request) -> dict[str, Any]:
     }
 
 
-ROUTERS = (probes, sessions, compactions, events, policies)
+# -- the fleet's calibration --------------------------------------------------------------------
+
+calibration = APIRouter(prefix=API_PREFIX, tags=["calibration"])
+
+
+@calibration.get("/calibration", response_model=CalibrationOut, responses=responses())
+async def fleet_calibration(request: Request) -> Response:
+    """What this fleet's usage reports and rejections taught, per model and counter kind: samples,
+    median and p90 of billed / counted, the factor decisions use, drift of exact counters, the learned
+    limit. Only this fleet's reports: another fleet's never show here nor move its decisions."""
+    runtime, caller = runtime_of(request), caller_of(request)
+    rows = await _run(runtime, Commands.calibration, caller.fleet_id)
+    models = []
+    for row in rows:
+        data = row.to_data()
+        del data["fleet"]  # the caller's own, by construction
+        models.append(data)
+    return _json({"models": models})
+
+
+ROUTERS = (probes, sessions, compactions, events, policies, calibration)

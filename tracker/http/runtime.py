@@ -33,6 +33,8 @@ from tracker.settings import Settings
 
 if TYPE_CHECKING:  # pragma: no cover
     from tracker.core import Attempt, Policy, SessionState
+    from tracker.core.ledger import ModelSummary
+    from tracker.core.reports import Report
     from tracker.service import Result, Tracker
     from tracker.store.base import EventStore, SessionViews
     from tracker.store.fleets import FleetStore
@@ -246,6 +248,16 @@ class Commands:
 
     def wait(self, session_id: str, attempt_id: str, **kwargs: Any) -> str:
         return self._tracker.wait(session_id, attempt_id, **kwargs)
+
+    def report_usage(self, session_id: str, **kwargs: Any) -> Report:
+        return self._tracker.report_usage(session_id, **kwargs)
+
+    def report_rejection(self, session_id: str, **kwargs: Any) -> Report:
+        return self._tracker.report_rejection(session_id, **kwargs)
+
+    def calibration(self, fleet_id: str) -> list[ModelSummary]:
+        """What calibration knows of ``fleet_id``'s models (only its own sessions' reports)."""
+        return self._tracker.calibration(fleet_id)
 
 
 # -- the caller ---------------------------------------------------------------------------------

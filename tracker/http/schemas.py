@@ -19,7 +19,9 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model
 
 from tracker.core import Attempt, Decision, Policy, SessionState, check_text
+from tracker.core.events import DomainEvent, ProviderRejected, UsageReported
 from tracker.core.model import FLEET_ID_LEN, JSON_SAFE_INT, MAX_SESSION_ID_LEN, Quality, SessionScope
+from tracker.core.provider_errors import MAX_MESSAGE_CHARS
 from tracker.core.state import LastMeasurement
 from tracker.store import StoredEvent
 
@@ -113,6 +115,51 @@ class CommitIn(_In):
 class RejectIn(_In):
     fencing_token: int = Field(..., strict=True, ge=-JSON_SAFE_INT, le=JSON_SAFE_INT)
     reject_reason: SafeText = Field(..., min_length=1, max_length=200)
+    idempotency_key: SafeText | None = Field(None, min_length=1, max_length=200)
+
+
+class UsageIn(_In):
+    """What the provider billed for the request of ``basis`` (its response's ``usage``)."""
+
+    basis: SafeText = Field(
+        ...,
+        min_length=1,
+        max_length=220,
+        description="the measured basis the request covered (`r<revision>:<through>`)",
+    )
+    input_tokens: int = Field(
+        ..., strict=True, ge=0, le=JSON_SAFE_INT, description="input tokens billed (uncached; cache tokens apart)"
+    )
+    model: SafeText | None = Field(
+        None, min_length=1, max_length=301, description="the model billed (`provider/name` or a name): the measured one"
+    )
+    output_tokens: int | None = Field(None, strict=True, ge=0, le=JSON_SAFE_INT)
+    cache_read_tokens: int | None = Field(None, strict=True, ge=0, le=JSON_SAFE_INT)
+    cache_write_tokens: int | None = Field(None, strict=True, ge=0, le=JSON_SAFE_INT)
+    idempotency_key: SafeText | None = Field(None, min_length=1, max_length=200)
+
+
+class RejectionIn(_In):
+    """The provider refused the request of ``basis`` as too long for the model's context."""
+
+    basis: SafeText = Field(
+        ...,
+        min_length=1,
+        max_length=220,
+        description="the measured basis the request covered (`r<revision>:<through>`)",
+    )
+    # the provider's text as it came (newlines included): the tracker keeps it with control characters as spaces
+    message: str | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_MESSAGE_CHARS,
+        description="the provider's error message; its count and limit are read from it unless given",
+    )
+    input_tokens: int | None = Field(
+        None, strict=True, ge=0, le=JSON_SAFE_INT, description="the provider's count of the refused request"
+    )
+    input_limit: int | None = Field(None, strict=True, gt=0, le=JSON_SAFE_INT, description="the provider's limit")
+    model: SafeText | None = Field(None, min_length=1, max_length=301, description="the measured model")
     idempotency_key: SafeText | None = Field(None, min_length=1, max_length=200)
 
 
@@ -212,6 +259,57 @@ class PolicyOut(BaseModel):
     version: int = Field(..., description="the fleet policy's version (0: the fleet never had one)")
     changed_at: str | None = Field(..., description="when that version was recorded (ISO 8601); null for version 0")
     policy: PolicyFieldsOut  # type: ignore[valid-type]
+
+
+def _report_view(name: str, event: type[DomainEvent], doc: str) -> type[BaseModel]:
+    kind: Any = Literal[event.TYPE]  # the literal of the event class's name
+    return view(
+        name,
+        event,
+        doc,
+        session_id=str,
+        version=(int, Field(..., description="the session's version after the report")),
+        type=kind,
+    )
+
+
+UsageReportOut = _report_view(
+    "UsageReportOut",
+    UsageReported,
+    "A recorded usage report (``Report.to_data()``): the measured count beside the billed one.",
+)
+RejectionReportOut = _report_view(
+    "RejectionReportOut",
+    ProviderRejected,
+    "A recorded provider rejection (``Report.to_data()``): the provider's numbers and the limit learned, if any.",
+)
+
+
+class ModelCalibrationOut(BaseModel):
+    """What calibration knows of one model and counter kind in the caller's fleet (``ModelSummary.to_data()``)."""
+
+    model: str
+    counter: Literal["estimate", "exact"] = Field(
+        ..., description="`estimate`: counts calibration corrects; `exact`: counts it only watches for drift"
+    )
+    usage_reports: int
+    rejections: int
+    samples: int = Field(..., description="usable samples in the window")
+    ignored: int = Field(..., description="reports the estimator ignored (absurd ratio, tiny request)")
+    median_ratio: float | None = Field(..., description="median billed / counted")
+    p90_ratio: float | None
+    factor: float | None = Field(..., description="the correction factor decisions use (estimates only)")
+    calibration: dict[str, Any] | None
+    drift: float | None = Field(..., description="exact counters: median billed / counted")
+    drifted: bool
+    learned_limit: int | None = Field(..., description="the lowest input limit learned from rejections")
+    last_at: float
+
+
+class CalibrationOut(BaseModel):
+    """``GET /v1/calibration``: one row per model and counter kind, for the caller's fleet."""
+
+    models: list[ModelCalibrationOut]
 
 
 class ErrorBody(BaseModel):

@@ -146,6 +146,12 @@ class _OnLoop:
     def state(self, session_id: str) -> Any:
         return self._run(self._inner.state(session_id))
 
+    def report_usage(self, session_id: str, **kw: Any) -> Any:
+        return self._run(self._inner.report_usage(session_id, **kw))
+
+    def report_rejection(self, session_id: str, **kw: Any) -> Any:
+        return self._run(self._inner.report_rejection(session_id, **kw))
+
     def history(self, session_id: str, from_version: int = 1) -> Iterator[Any]:
         async def collect() -> list[Any]:
             return [e async for e in self._inner.history(session_id, from_version)]

@@ -26,8 +26,16 @@
  * remembers the compactions it made (or adopted) for the session and re-applies them to a prompt
  * that arrives without them: every step sends the compacted history.
  *
- * Usage reporting after the call belongs to the tracker's usage endpoint, which does not exist
- * yet: `onUsage` is the seam (called after each call with the basis observed and the usage).
+ * After each call the provider's usage (`inputTokens.noCache` / `cacheRead` / `cacheWrite`,
+ * `outputTokens.total`) is reported on the basis observed (`client.reportUsage`): the tracker's
+ * calibration of the model's counts learns from it. A report that fails is logged, never thrown.
+ * `onUsage` replaces the report (called with the basis and the usage instead).
+ *
+ * A provider's context-length refusal (an `APICallError` whose text says so) of a generate call is
+ * reported (`client.reportRejection`, the tracker reads the count and limit from the text), the
+ * prompt is observed again -- the rejected basis now decides at the hard limit, so it is compacted
+ * -- and the call retried once with the compacted prompt. A second refusal, or one the tracker
+ * cannot act on (`ContextLimitError`), reaches the caller.
  */
 import type {
   LanguageModelV3,
@@ -40,7 +48,7 @@ import type {
   LanguageModelV3ToolResultOutput,
   LanguageModelV3Usage,
 } from "@ai-sdk/provider";
-import type { TrackerClient } from "./client.js";
+import type { TrackerClient, UsageBody } from "./client.js";
 import {
   applied,
   ContextGuard,
@@ -58,6 +66,8 @@ import {
 import { checkSessionId } from "./validate.js";
 import { estimateTokens } from "./heuristic.js";
 import { InvalidInput } from "./errors.js";
+import { APICallError } from "@ai-sdk/provider";
+import { MAX_MESSAGE_CHARS } from "./client.js";
 
 export {
   SUMMARY_PREFIX,
@@ -95,7 +105,7 @@ export interface ContextTrackerMiddlewareOptions {
   share?: SummaryShare;
   /** Seconds to wait on another holder's attempt before observing again (default 30). */
   waitTimeout?: number;
-  /** The seam for usage reporting (the tracker has no usage endpoint yet). */
+  /** Called with the basis and the usage after each call, instead of `client.reportUsage`. */
   onUsage?: (report: { sessionId: string; basis: string; usage: LanguageModelV3Usage }) => void | Promise<void>;
   log?: (message: string) => void;
 }
@@ -253,6 +263,34 @@ async function summarizeWith(model: LanguageModelV3, messages: LanguageModelV3Me
     .join("");
 }
 
+// -- the provider's numbers ------------------------------------------------------------------------
+
+/** The usage report of a call's `usage` (null when the provider gave no input count). */
+export function usageBody(basis: string, usage: LanguageModelV3Usage): UsageBody | null {
+  const input = usage.inputTokens;
+  const cacheRead = input.cacheRead ?? undefined;
+  const cacheWrite = input.cacheWrite ?? undefined;
+  const uncached = input.noCache ?? (input.total === undefined ? undefined : input.total - (cacheRead ?? 0) - (cacheWrite ?? 0));
+  if (uncached === undefined || !Number.isInteger(uncached) || uncached < 0) return null;
+  const body: UsageBody = { basis, input_tokens: uncached };
+  if (cacheRead !== undefined) body.cache_read_tokens = cacheRead;
+  if (cacheWrite !== undefined) body.cache_write_tokens = cacheWrite;
+  if (usage.outputTokens.total !== undefined) body.output_tokens = usage.outputTokens.total;
+  return body;
+}
+
+// the phrases of the context-length wordings the tracker reads (tracker/core/provider_errors.py);
+// which one, and its numbers, the tracker decides
+const CONTEXT_LENGTH =
+  /prompt\s+is\s+too\s+long|exceed\s+context\s+limit|maximum\s+context\s+length|configured\s+limit\s+of|input\s+token\s+count|context\s+window|context_length_exceeded/i;
+
+/** The provider's text of a context-length refusal (an `APICallError` that says so), else null. */
+export function contextLengthMessage(exc: unknown): string | null {
+  if (!APICallError.isInstance(exc)) return null;
+  const text = [exc.message, exc.responseBody ?? ""].join("\n").slice(0, MAX_MESSAGE_CHARS);
+  return CONTEXT_LENGTH.test(text) ? text : null;
+}
+
 // -- the middleware ------------------------------------------------------------------------------
 
 export function contextTrackerMiddleware(options: ContextTrackerMiddlewareOptions): LanguageModelV3Middleware {
@@ -299,22 +337,60 @@ export function contextTrackerMiddleware(options: ContextTrackerMiddlewareOption
     return next;
   };
 
+  const log = options.log ?? (() => {});
   const report = async (params: LanguageModelV3CallOptions, usage: LanguageModelV3Usage | undefined) => {
     const basis = bases.get(params);
-    if (onUsage && basis && usage) await onUsage({ sessionId, basis, usage });
+    if (!basis || !usage) return;
+    if (onUsage) {
+      await onUsage({ sessionId, basis, usage });
+      return;
+    }
+    const body = usageBody(basis, usage);
+    if (body === null) return;
+    try {
+      await client.reportUsage(sessionId, body);
+    } catch (exc) {
+      // the call succeeded: a report the tracker refuses (or cannot take now) never fails it
+      log(`session ${sessionId}: usage report on ${basis} failed: ${exc instanceof Error ? exc.message : String(exc)}`);
+    }
+  };
+
+  /** After a context-length refusal of `params`: report it, observe again (compacting), the params to retry with. */
+  const rejected = async (
+    params: LanguageModelV3CallOptions,
+    model: LanguageModelV3,
+    exc: unknown,
+  ): Promise<LanguageModelV3CallOptions> => {
+    const message = contextLengthMessage(exc);
+    const basis = bases.get(params);
+    if (message === null || !basis) throw exc;
+    try {
+      await client.reportRejection(sessionId, { basis, message });
+    } catch (failed) {
+      log(`session ${sessionId}: rejection report on ${basis} failed: ${failed instanceof Error ? failed.message : String(failed)}`);
+      throw exc;
+    }
+    log(`session ${sessionId}: the provider refused ${basis} as too long; compacting and retrying once`);
+    return settle(params, model); // the rejected basis decides at the hard limit: compacted (or ContextLimitError)
   };
 
   return {
     specificationVersion: "v3",
     transformParams: async ({ params, model }) => settle(params, model),
-    wrapGenerate: async ({ doGenerate, params }) => {
-      const result = await doGenerate();
-      await report(params, result.usage); // the seam: reportUsage once the tracker has a usage endpoint
+    wrapGenerate: async ({ doGenerate, params, model }) => {
+      let result;
+      let sent = params;
+      try {
+        result = await doGenerate();
+      } catch (exc) {
+        sent = await rejected(params, model, exc);
+        result = await model.doGenerate(sent); // once: a second refusal reaches the caller
+      }
+      await report(sent, result.usage);
       return result;
     },
     wrapStream: async ({ doStream, params }) => {
       const result = await doStream();
-      if (!onUsage) return result;
       const stream = result.stream.pipeThrough(
         new TransformStream<LanguageModelV3StreamPart, LanguageModelV3StreamPart>({
           async transform(part, controller) {

@@ -45,6 +45,12 @@ export type SessionsPage = Schemas["SessionsOut"];
 export type SessionRow = Schemas["SessionRowOut"];
 export type FleetPolicy = Schemas["PolicyOut"];
 export type PolicyFields = Schemas["PolicyFieldsOut"];
+export type UsageBody = Schemas["UsageIn"];
+export type RejectionBody = Schemas["RejectionIn"];
+export type UsageReport = Schemas["UsageReportOut"];
+export type RejectionReport = Schemas["RejectionReportOut"];
+export type Calibration = Schemas["CalibrationOut"];
+export type ModelCalibration = Schemas["ModelCalibrationOut"];
 export type Pressure = "normal" | "compact" | "hard_limit";
 
 export const API_PREFIX = "/v1";
@@ -100,6 +106,24 @@ const OBSERVE_KEYS = [
   "overhead_tokens",
   "idempotency_key",
 ] as const;
+
+const USAGE_KEYS = [
+  "basis",
+  "input_tokens",
+  "model",
+  "output_tokens",
+  "cache_read_tokens",
+  "cache_write_tokens",
+  "idempotency_key",
+] as const;
+const REJECTION_KEYS = ["basis", "message", "input_tokens", "input_limit", "model", "idempotency_key"] as const;
+/** The longest provider message a rejection carries (tracker/core/provider_errors.py MAX_MESSAGE_CHARS). */
+export const MAX_MESSAGE_CHARS = 65_536;
+
+function checkReportBasis(b: Record<string, unknown>): void {
+  if (!present(b.basis)) throw InvalidInput.of("basis", "is required: the measured basis the request covered");
+  checkText("basis", b.basis, 220);
+}
 
 function newKey(): string {
   return globalThis.crypto.randomUUID().replaceAll("-", "");
@@ -269,6 +293,50 @@ export class TrackerClient {
   }
 
   /**
+   * Report what the provider billed for the request of a measured `basis` (its response's usage):
+   * `input_tokens` uncached, `cache_read_tokens` / `cache_write_tokens` apart. A calibration sample
+   * for the measured model in this fleet; a retry with its `idempotency_key` records nothing more.
+   */
+  async reportUsage(sessionId: string, body: UsageBody): Promise<UsageReport> {
+    const sid = checkSessionId(sessionId);
+    const b = checkObject("body", body);
+    checkKeys("", b, USAGE_KEYS);
+    checkReportBasis(b);
+    if (!present(b.input_tokens)) throw InvalidInput.of("input_tokens", "is required: the input tokens the provider billed");
+    for (const field of ["input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens"] as const) {
+      if (present(b[field])) checkInt(field, b[field], 0);
+    }
+    if (present(b.model)) checkText("model", b.model, 301);
+    const sent = { ...b, idempotency_key: idempotencyKey(b) };
+    return this.#run({ method: "POST", path: path("sessions", sid, "usage"), body: sent });
+  }
+
+  /**
+   * Report that the provider refused the request of a measured `basis` as too long: `message` (its
+   * error text; the tracker reads the count and limit from it) and/or `input_tokens` / `input_limit`.
+   * From then on that basis decides at the hard limit (`compact`, `wait`, or `ContextLimitError`).
+   */
+  async reportRejection(sessionId: string, body: RejectionBody): Promise<RejectionReport> {
+    const sid = checkSessionId(sessionId);
+    const b = checkObject("body", body);
+    checkKeys("", b, REJECTION_KEYS);
+    checkReportBasis(b);
+    if (present(b.message)) {
+      // the provider's text as it came (newlines included): the tracker keeps it with control characters as spaces
+      if (typeof b.message !== "string") throw InvalidInput.of("message", "must be the provider's error text");
+      const length = [...b.message].length;
+      if (length < 1 || length > MAX_MESSAGE_CHARS) {
+        throw InvalidInput.of("message", `must be a string of 1-${MAX_MESSAGE_CHARS} characters`);
+      }
+    }
+    if (present(b.input_tokens)) checkInt("input_tokens", b.input_tokens, 0);
+    if (present(b.input_limit)) checkInt("input_limit", b.input_limit, 1);
+    if (present(b.model)) checkText("model", b.model, 301);
+    const sent = { ...b, idempotency_key: idempotencyKey(b) };
+    return this.#run({ method: "POST", path: path("sessions", sid, "rejection"), body: sent });
+  }
+
+  /**
    * Wait until the attempt ends (`outcome` is `committed` or `rejected:<reason>`), long-polling at
    * most 30 s per request; still open after `timeout` seconds (default 30): `WaitTimeout`.
    */
@@ -368,6 +436,15 @@ export class TrackerClient {
    */
   async policy(): Promise<FleetPolicy> {
     return this.#run({ method: "GET", path: path("policy") });
+  }
+
+  /**
+   * What this key's fleet's usage reports and rejections taught, per model and counter kind:
+   * samples, median and p90 of billed / counted, the factor decisions use, drift, the learned limit.
+   */
+  async calibration(): Promise<ModelCalibration[]> {
+    const answer = await this.#run<Calibration>({ method: "GET", path: path("calibration") });
+    return answer.models;
   }
 }
 

@@ -1,7 +1,8 @@
 /**
  * @context-tracker/client: the Context Tracker's HTTP API for TypeScript.
  *
- * - {@link TrackerClient}: observe, requestCompaction, commit, reject, wait, state, sessions, history, policy
+ * - {@link TrackerClient}: observe, requestCompaction, commit, reject, wait, reportUsage, reportRejection,
+ *   state, sessions, history, policy, calibration
  * - typed errors, one class per error code (`ContextLimitError`, `StaleBasis`, `WaitTimeout`, ...)
  * - the canonical request form and the basis digest (docs/canonical-request.md)
  *

@@ -83,6 +83,50 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/sessions/{session_id}/usage": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Report Usage
+         * @description Record what the provider billed for the request of a measured ``basis`` (its response's usage):
+         *     a calibration sample for the measured model in this fleet. The basis must be one of the session's
+         *     last 8 measured, the model the measured one, every count plausible; else 422 naming the field.
+         */
+        post: operations["report_usage_v1_sessions__session_id__usage_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sessions/{session_id}/rejection": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Report Rejection
+         * @description Record that the provider refused the request of a measured ``basis`` as too long. Its count and
+         *     limit are read from ``message`` unless given; from then on that basis decides at the hard limit
+         *     (``compact``, ``wait`` or ``context_limit``), and a lower limit is learned for the model.
+         */
+        post: operations["report_rejection_v1_sessions__session_id__rejection_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/sessions": {
         parameters: {
             query?: never;
@@ -270,6 +314,28 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/calibration": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Fleet Calibration
+         * @description What this fleet's usage reports and rejections taught, per model and counter kind: samples,
+         *     median and p90 of billed / counted, the factor decisions use, drift of exact counters, the learned
+         *     limit. Only this fleet's reports: another fleet's never show here nor move its decisions.
+         */
+        get: operations["fleet_calibration_v1_calibration_get"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
 }
 export type webhooks = Record<string, never>;
 export interface components {
@@ -299,6 +365,14 @@ export interface components {
             input_limit: number | null;
             /** History Budget */
             history_budget: number | null;
+        };
+        /**
+         * CalibrationOut
+         * @description ``GET /v1/calibration``: one row per model and counter kind, for the caller's fleet.
+         */
+        CalibrationOut: {
+            /** Models */
+            models: components["schemas"]["ModelCalibrationOut"][];
         };
         /** CommitIn */
         CommitIn: {
@@ -357,6 +431,18 @@ export interface components {
             attempt?: components["schemas"]["AttemptOut"] | null;
             /** @description the open automatic attempt (action wait) */
             waiting_on?: components["schemas"]["AttemptOut"] | null;
+            /** Input Tokens */
+            input_tokens: number;
+            /** Counted Tokens */
+            counted_tokens: number;
+            /** Input Limit */
+            input_limit: number;
+            /** Calibration */
+            calibration: {
+                [key: string]: unknown;
+            } | null;
+            /** Rejected */
+            rejected: boolean;
         };
         /**
          * ErrorBody
@@ -457,6 +543,22 @@ export interface components {
             idempotency_key?: string | null;
         };
         /**
+         * MeasuredBasis
+         * @description What the last measurement of a basis counted: what a usage report or a rejection of it refers to.
+         */
+        MeasuredBasis: {
+            /** Basis */
+            basis: string;
+            /** Model */
+            model: string;
+            /** Quality */
+            quality: string;
+            /** Counted Tokens */
+            counted_tokens: number;
+            /** Input Limit */
+            input_limit: number;
+        };
+        /**
          * MeasurementIn
          * @description A count you made yourself (behaviour.md "Words").
          */
@@ -486,6 +588,64 @@ export interface components {
              * @enum {string}
              */
             quality: "exact_provider" | "exact_local" | "heuristic_estimate";
+        };
+        /**
+         * ModelCalibrationOut
+         * @description What calibration knows of one model and counter kind in the caller's fleet (``ModelSummary.to_data()``).
+         */
+        ModelCalibrationOut: {
+            /** Model */
+            model: string;
+            /**
+             * Counter
+             * @description `estimate`: counts calibration corrects; `exact`: counts it only watches for drift
+             * @enum {string}
+             */
+            counter: "estimate" | "exact";
+            /** Usage Reports */
+            usage_reports: number;
+            /** Rejections */
+            rejections: number;
+            /**
+             * Samples
+             * @description usable samples in the window
+             */
+            samples: number;
+            /**
+             * Ignored
+             * @description reports the estimator ignored (absurd ratio, tiny request)
+             */
+            ignored: number;
+            /**
+             * Median Ratio
+             * @description median billed / counted
+             */
+            median_ratio: number | null;
+            /** P90 Ratio */
+            p90_ratio: number | null;
+            /**
+             * Factor
+             * @description the correction factor decisions use (estimates only)
+             */
+            factor: number | null;
+            /** Calibration */
+            calibration: {
+                [key: string]: unknown;
+            } | null;
+            /**
+             * Drift
+             * @description exact counters: median billed / counted
+             */
+            drift: number | null;
+            /** Drifted */
+            drifted: boolean;
+            /**
+             * Learned Limit
+             * @description the lowest input limit learned from rejections
+             */
+            learned_limit: number | null;
+            /** Last At */
+            last_at: number;
         };
         /** ModelRefIn */
         ModelRefIn: {
@@ -593,6 +753,81 @@ export interface components {
             idempotency_key?: string | null;
         };
         /**
+         * RejectionIn
+         * @description The provider refused the request of ``basis`` as too long for the model's context.
+         */
+        RejectionIn: {
+            /**
+             * Basis
+             * @description the measured basis the request covered (`r<revision>:<through>`)
+             */
+            basis: string;
+            /**
+             * Message
+             * @description the provider's error message; its count and limit are read from it unless given
+             */
+            message?: string | null;
+            /**
+             * Input Tokens
+             * @description the provider's count of the refused request
+             */
+            input_tokens?: number | null;
+            /**
+             * Input Limit
+             * @description the provider's limit
+             */
+            input_limit?: number | null;
+            /**
+             * Model
+             * @description the measured model
+             */
+            model?: string | null;
+            /** Idempotency Key */
+            idempotency_key?: string | null;
+        };
+        /**
+         * RejectionReportOut
+         * @description A recorded provider rejection (``Report.to_data()``): the provider's numbers and the limit learned, if any.
+         */
+        RejectionReportOut: {
+            /** Session Id */
+            session_id: string;
+            /**
+             * Version
+             * @description the session's version after the report
+             */
+            version: number;
+            /**
+             * Type
+             * @constant
+             */
+            type: "ProviderRejected";
+            /** Basis */
+            basis: string;
+            /** Model */
+            model: string;
+            /** Quality */
+            quality: string;
+            /** Counted Tokens */
+            counted_tokens: number;
+            /** Measured Limit */
+            measured_limit: number;
+            /** Input Tokens */
+            input_tokens: number | null;
+            /** Input Limit */
+            input_limit: number | null;
+            /** Learned Limit */
+            learned_limit: number | null;
+            /** Provider */
+            provider: string | null;
+            /** Form */
+            form: string | null;
+            /** Message */
+            message: string | null;
+            /** At */
+            at: number;
+        };
+        /**
          * SessionRowOut
          * @description One session of the fleet's listing (``tracker.queries.sessions_page``).
          */
@@ -661,6 +896,10 @@ export interface components {
             counts: {
                 [key: string]: number;
             };
+            /** Measured */
+            measured: components["schemas"]["MeasuredBasis"][];
+            /** Rejected */
+            rejected: string[];
         };
         /** SessionsOut */
         SessionsOut: {
@@ -671,6 +910,71 @@ export interface components {
              * @description `cursor` for the next page; null on the last page
              */
             next_cursor: string | null;
+        };
+        /**
+         * UsageIn
+         * @description What the provider billed for the request of ``basis`` (its response's ``usage``).
+         */
+        UsageIn: {
+            /**
+             * Basis
+             * @description the measured basis the request covered (`r<revision>:<through>`)
+             */
+            basis: string;
+            /**
+             * Input Tokens
+             * @description input tokens billed (uncached; cache tokens apart)
+             */
+            input_tokens: number;
+            /**
+             * Model
+             * @description the model billed (`provider/name` or a name): the measured one
+             */
+            model?: string | null;
+            /** Output Tokens */
+            output_tokens?: number | null;
+            /** Cache Read Tokens */
+            cache_read_tokens?: number | null;
+            /** Cache Write Tokens */
+            cache_write_tokens?: number | null;
+            /** Idempotency Key */
+            idempotency_key?: string | null;
+        };
+        /**
+         * UsageReportOut
+         * @description A recorded usage report (``Report.to_data()``): the measured count beside the billed one.
+         */
+        UsageReportOut: {
+            /** Session Id */
+            session_id: string;
+            /**
+             * Version
+             * @description the session's version after the report
+             */
+            version: number;
+            /**
+             * Type
+             * @constant
+             */
+            type: "UsageReported";
+            /** Basis */
+            basis: string;
+            /** Model */
+            model: string;
+            /** Quality */
+            quality: string;
+            /** Counted Tokens */
+            counted_tokens: number;
+            /** Input Tokens */
+            input_tokens: number;
+            /** Output Tokens */
+            output_tokens: number | null;
+            /** Cache Read Tokens */
+            cache_read_tokens: number | null;
+            /** Cache Write Tokens */
+            cache_write_tokens: number | null;
+            /** At */
+            at: number;
         };
         /** WaitOut */
         WaitOut: {
@@ -839,6 +1143,132 @@ export interface operations {
             };
             /** @description Gateway Timeout: `count_timeout` */
             504: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    report_usage_v1_sessions__session_id__usage_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description 1-189 characters of [A-Za-z0-9._:-] */
+                session_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["UsageIn"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["UsageReportOut"];
+                };
+            };
+            /** @description Unauthorized: `unauthorized` */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Request Entity Too Large: `payload_too_large` */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Unprocessable Entity: `invalid_input`, `invalid_policy`, `invalid_setting`, `invalid_session_id`, `count_failed`, `invalid_count_model`, `quality_mismatch`, `malformed_measurement`, `context_limit_unknown` */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Service Unavailable: `store_unavailable`, `schema_out_of_date` */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    report_rejection_v1_sessions__session_id__rejection_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description 1-189 characters of [A-Za-z0-9._:-] */
+                session_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["RejectionIn"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["RejectionReportOut"];
+                };
+            };
+            /** @description Unauthorized: `unauthorized` */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Request Entity Too Large: `payload_too_large` */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Unprocessable Entity: `invalid_input`, `invalid_policy`, `invalid_setting`, `invalid_session_id`, `count_failed`, `invalid_count_model`, `quality_mismatch`, `malformed_measurement`, `context_limit_unknown` */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Service Unavailable: `store_unavailable`, `schema_out_of_date` */
+            503: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -1451,6 +1881,62 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["PolicyOut"];
+                };
+            };
+            /** @description Unauthorized: `unauthorized` */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Request Entity Too Large: `payload_too_large` */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Unprocessable Entity: `invalid_input`, `invalid_policy`, `invalid_setting`, `invalid_session_id`, `count_failed`, `invalid_count_model`, `quality_mismatch`, `malformed_measurement`, `context_limit_unknown` */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Service Unavailable: `store_unavailable`, `schema_out_of_date` */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    fleet_calibration_v1_calibration_get: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["CalibrationOut"];
                 };
             };
             /** @description Unauthorized: `unauthorized` */

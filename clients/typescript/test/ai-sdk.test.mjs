@@ -5,6 +5,7 @@ import { randomUUID } from "node:crypto";
 import { after, before, describe, test } from "node:test";
 import { generateText, stepCountIs, streamText, tool, wrapLanguageModel } from "ai";
 import { MockLanguageModelV3 } from "ai/test";
+import { APICallError } from "@ai-sdk/provider";
 import { z } from "zod";
 import { ContextLimitError, StaleBasis, TrackerClient } from "../dist/index.js";
 import { contextTrackerMiddleware, SUMMARY_PREFIX, toRequest } from "../dist/ai-sdk.js";
@@ -322,6 +323,94 @@ describe("contextTrackerMiddleware in generateText", () => {
     assert.ok(sent.some((m) => m.providerOptions?.contextTracker?.revision === 2));
     assert.ok(sent.length < uncompacted.length);
     assertNoOrphans(sent);
+  });
+});
+
+describe("the provider's numbers: usage after each call, a context-length refusal compacted and retried once", () => {
+  const answer = (u = usage) => ({ content: [{ type: "text", text: "Figures rose." }], finishReason: { unified: "stop", raw: "stop" }, usage: u, warnings: [] });
+  const refusal = (message) =>
+    new APICallError({ message, url: "https://provider.test/v1/messages", requestBodyValues: {}, statusCode: 400, responseBody: JSON.stringify({ error: { message } }) });
+  /** Six pages: about 1900 heuristic tokens, under the compact level (2400) -- but the provider counts more. */
+  function longPrompt() {
+    const prompt = [{ role: "system", content: "Answer briefly." }];
+    for (let i = 1; i <= 6; i++) {
+      prompt.push({ role: "user", content: [{ type: "text", text: page(i) }] });
+      prompt.push({ role: "assistant", content: [{ type: "text", text: `Noted page ${i}.` }] });
+    }
+    prompt.push({ role: "user", content: [{ type: "text", text: "What happened?" }] });
+    return prompt;
+  }
+
+  test("the provider's usage is reported on the basis observed, cache tokens apart", async () => {
+    const sessionId = sid();
+    const billed = { inputTokens: { total: 1500, noCache: 1200, cacheRead: 300, cacheWrite: undefined }, outputTokens: { total: 7, text: 7, reasoning: 0 } };
+    const model = new MockLanguageModelV3({ doGenerate: async () => answer(billed) });
+    const wrapped = wrapLanguageModel({ model, middleware: contextTrackerMiddleware({ client, sessionId, model: MODEL }) });
+    await generateText({ model: wrapped, prompt: "Say hi." });
+    const log = await events(client, sessionId);
+    const reported = log.filter((e) => e.type === "UsageReported");
+    assert.equal(reported.length, 1);
+    const state = await client.state(sessionId);
+    assert.equal(reported[0].data.basis, state.last.basis);
+    assert.equal(reported[0].data.input_tokens, 1200);
+    assert.equal(reported[0].data.cache_read_tokens, 300);
+    assert.equal(reported[0].data.cache_write_tokens, null);
+    assert.equal(reported[0].data.output_tokens, 7);
+  });
+
+  test("a context-length refusal is reported, the prompt compacted, and the call retried once", async () => {
+    const sessionId = sid();
+    const message = "prompt is too long: 3120 tokens > 3000 maximum";
+    let calls = 0;
+    const model = new MockLanguageModelV3({
+      doGenerate: async () => {
+        calls += 1;
+        if (calls === 1) throw refusal(message);
+        return answer();
+      },
+    });
+    const logged = [];
+    const wrapped = wrapLanguageModel({
+      model,
+      middleware: contextTrackerMiddleware({ client, sessionId, model: MODEL, keepLast: 2, log: (m) => logged.push(m), summarize: () => "Six pages read; figures rose." }),
+    });
+    const prompt = longPrompt();
+    const counted = estimateTokens(toRequest({ prompt }));
+    assert.ok(counted < 2400, `the tracker's count (${counted}) is under the compact level`);
+    const result = await wrapped.doGenerate({ prompt });
+    assert.equal(result.content[0].text, "Figures rose.");
+    assert.equal(model.doGenerateCalls.length, 2, "retried once");
+    const retried = model.doGenerateCalls[1].prompt;
+    assert.ok(retried.length < prompt.length && retried.some((m) => m.providerOptions?.contextTracker?.revision === 2));
+    const log = await events(client, sessionId);
+    const types = log.map((e) => e.type);
+    const rejected = log.find((e) => e.type === "ProviderRejected");
+    assert.equal(rejected.data.input_tokens, 3120);
+    assert.equal(rejected.data.form, "anthropic.prompt_too_long");
+    const measured = log.filter((e) => e.type === "ContextMeasured");
+    assert.equal(measured[0].data.action, "proceed");
+    assert.equal(measured[1].data.action, "compact"); // the rejected basis, at the hard limit
+    assert.equal(measured[1].data.rejected, true);
+    assert.ok(types.indexOf("ProviderRejected") < types.indexOf("CompactionCommitted"));
+    assert.equal(measured.at(-1).data.action, "proceed");
+    const used = log.filter((e) => e.type === "UsageReported");
+    assert.equal(used.length, 1, "the usage of the retried call, not of the refused one");
+    assert.equal(used[0].data.basis, measured.at(-1).data.measurement.basis);
+    assert.ok(logged.some((m) => m.includes("refused")));
+  });
+
+  test("a second refusal reaches the caller; an error that is not about length is never reported", async () => {
+    const sessionId = sid();
+    const always = new MockLanguageModelV3({ doGenerate: async () => { throw refusal("prompt is too long: 3120 tokens > 3000 maximum"); } });
+    const mw = (m) => wrapLanguageModel({ model: m, middleware: contextTrackerMiddleware({ client, sessionId, model: MODEL, keepLast: 2, log: () => {}, summarize: () => "Short." }) });
+    await assert.rejects(mw(always).doGenerate({ prompt: longPrompt() }), (err) => APICallError.isInstance(err));
+    assert.equal(always.doGenerateCalls.length, 2);
+    const other = sid();
+    const broken = new MockLanguageModelV3({ doGenerate: async () => { throw refusal("tools.0.input_schema: invalid JSON schema"); } });
+    const wrapped = wrapLanguageModel({ model: broken, middleware: contextTrackerMiddleware({ client, sessionId: other, model: MODEL, log: () => {} }) });
+    await assert.rejects(wrapped.doGenerate({ prompt: longPrompt() }), (err) => APICallError.isInstance(err));
+    assert.equal(broken.doGenerateCalls.length, 1);
+    assert.deepEqual((await events(client, other)).filter((e) => e.type === "ProviderRejected"), []);
   });
 });
 

@@ -189,6 +189,53 @@ describe("the lifecycle against tracker serve", () => {
   });
 });
 
+describe("the provider's reports (reportUsage, reportRejection, calibration)", () => {
+  const heuristic = (basis, tokens) => ({
+    measurement: { basis, input_tokens: tokens, input_limit: LIMIT, quality: "heuristic_estimate", model: { provider: "test", name: "ts-model" } },
+  });
+
+  test("a usage report, retried with its key, records once; calibration lists it", async () => {
+    const s = sid("usage");
+    await client.observe(s, heuristic("m1", 20_000));
+    const body = { basis: "m1", input_tokens: 15_000, cache_read_tokens: 1_000, output_tokens: 40, idempotency_key: "u-1" };
+    const first = await client.reportUsage(s, body);
+    assert.equal(first.type, "UsageReported");
+    assert.equal(first.session_id, s);
+    assert.equal(first.basis, "r1:m1");
+    assert.equal(first.counted_tokens, 20_000);
+    assert.equal(first.cache_read_tokens, 1_000);
+    assert.deepEqual(await client.reportUsage(s, body), first);
+    const types = [];
+    for await (const e of client.history(s)) types.push(e.type);
+    assert.deepEqual(types, ["SessionStarted", "ContextMeasured", "UsageReported"]);
+    await rejectsWith(client.reportUsage(s, { basis: "m9", input_tokens: 1 }), InvalidInput, "invalid_input", { field: "basis" });
+    // the book may read a report just recorded a moment later (the log's safe horizon): awaited, with a deadline
+    const deadline = Date.now() + 30_000;
+    let row;
+    while (!(row = (await client.calibration()).find((r) => r.model === "ts-model" && r.usage_reports === 1))) {
+      assert.ok(Date.now() < deadline, "the calibration never listed the report");
+      await new Promise((resolve) => setTimeout(resolve, 50));
+    }
+    assert.equal(row.counter, "estimate");
+    assert.equal(row.median_ratio, 0.8);
+    assert.equal("fleet" in row, false);
+  });
+
+  test("a rejection: the count and limit read from the message; the basis then compacts", async () => {
+    const s = sid("rejected");
+    assert.equal((await client.observe(s, heuristic("m1", 50_000))).action, "proceed");
+    const r = await client.reportRejection(s, { basis: "m1", message: "prompt is too long: 100234 tokens > 100000 maximum" });
+    assert.equal(r.type, "ProviderRejected");
+    assert.equal(r.input_tokens, 100_234);
+    assert.equal(r.input_limit, 100_000);
+    assert.equal(r.form, "anthropic.prompt_too_long");
+    const d = await client.observe(s, heuristic("m1", 50_000));
+    assert.equal(d.action, "compact");
+    assert.equal(d.rejected, true);
+    assert.equal(d.pressure, "hard_limit");
+  });
+});
+
 describe("the fleet's policy (GET /v1/policy)", () => {
   /** `tracker <args> --json` against the suite's server's database. */
   const cliJson = async (...args) => {
@@ -359,6 +406,43 @@ describe("bad input is refused before any request, as the server refuses it", ()
       { fencing_token: 1, reject_reason: "bad\u001b[31m" },
     ],
     ["a negative wait timeout", (c) => c.wait("s1", "a1", { timeout: -1 }), "GET", "/v1/sessions/s1/compactions/a1/wait?timeout=-1"],
+    [
+      "a negative usage count",
+      (c) => c.reportUsage("s1", { basis: "m1", input_tokens: -1 }),
+      "POST",
+      "/v1/sessions/s1/usage",
+      { basis: "m1", input_tokens: -1 },
+    ],
+    [
+      "a fractional cache read count",
+      (c) => c.reportUsage("s1", { basis: "m1", input_tokens: 1, cache_read_tokens: 0.5 }),
+      "POST",
+      "/v1/sessions/s1/usage",
+      { basis: "m1", input_tokens: 1, cache_read_tokens: 0.5 },
+    ],
+    ["a usage report without input_tokens", (c) => c.reportUsage("s1", { basis: "m1" }), "POST", "/v1/sessions/s1/usage", { basis: "m1" }],
+    ["a usage report without a basis", (c) => c.reportUsage("s1", { input_tokens: 3 }), "POST", "/v1/sessions/s1/usage", { input_tokens: 3 }],
+    [
+      "an unknown field in a usage report",
+      (c) => c.reportUsage("s1", { basis: "m1", input_tokens: 3, cached: 1 }),
+      "POST",
+      "/v1/sessions/s1/usage",
+      { basis: "m1", input_tokens: 3, cached: 1 },
+    ],
+    [
+      "a zero input_limit in a rejection",
+      (c) => c.reportRejection("s1", { basis: "m1", input_limit: 0 }),
+      "POST",
+      "/v1/sessions/s1/rejection",
+      { basis: "m1", input_limit: 0 },
+    ],
+    [
+      "a rejection message that is not text",
+      (c) => c.reportRejection("s1", { basis: "m1", message: 42 }),
+      "POST",
+      "/v1/sessions/s1/rejection",
+      { basis: "m1", message: 42 },
+    ],
     [
       "negative overhead on a manual attempt",
       (c) => c.requestCompaction("s1", { overhead_tokens: -1 }),
