@@ -17,8 +17,9 @@ import threading
 import time
 from collections.abc import Callable
 
+from tracker._lru import LRU
 from tracker.core.calibration import Calibration
-from tracker.core.events import PROVIDER_REPORTS, event_from_data
+from tracker.core.events import PROVIDER_REPORTS, DomainEvent, event_from_data
 from tracker.core.ledger import CalibrationLedger, ModelSummary
 from tracker.core.model import SessionScope
 from tracker.store.base import EventStore
@@ -26,6 +27,9 @@ from tracker.store.base import EventStore
 __all__ = ["CalibrationBook", "ledger_of"]
 
 BATCH = 1000
+#: how many recently folded reports a book remembers (a report it recorded itself is folded at once;
+#: the catch-up must not fold it again when the log's safe horizon reaches it)
+FOLDED_KEPT = 100_000
 
 
 def ledger_of(store: EventStore, *, fleet_prefix: str | None = None) -> CalibrationLedger:
@@ -35,10 +39,21 @@ def ledger_of(store: EventStore, *, fleet_prefix: str | None = None) -> Calibrat
     return ledger
 
 
-def _catch_up(store: EventStore, ledger: CalibrationLedger, position: int, prefix: str | None = None) -> int:
+def _catch_up(
+    store: EventStore,
+    ledger: CalibrationLedger,
+    position: int,
+    prefix: str | None = None,
+    folded: LRU[tuple[str, int], bool] | None = None,
+) -> int:
     while True:
         batch = store.read_all(position, BATCH, session_prefix=prefix, types=PROVIDER_REPORTS)
         for e in batch:
+            if folded is not None:
+                key = (e.session_id, e.version)
+                if folded.get(key):  # folded already, when this process recorded it
+                    continue
+                folded.put(key, True)
             ledger.fold(SessionScope.fleet_of(e.session_id), event_from_data(e.type, e.data))
         if batch:
             position = batch[-1].position
@@ -66,10 +81,26 @@ class CalibrationBook:
         self._ledger = CalibrationLedger()
         self._position = 0
         self._read_at: float | None = None
+        #: the reports folded lately, by (session, version): each is folded once, whichever way came first
+        self._folded: LRU[tuple[str, int], bool] = LRU(FOLDED_KEPT)
 
     def stale(self) -> None:
-        """This process recorded a report: read the log again before the next decision."""
+        """Read the log again before the next decision."""
         self._read_at = None
+
+    def note(self, session_id: str, version: int, event: DomainEvent) -> None:
+        """This process recorded a report (the event at ``version`` of ``session_id``): fold it now.
+
+        The log's commit-safe reads (``read_all``) show an event only once every transaction open
+        when it committed has ended, anywhere in the database; a process's own report need not wait
+        for that. The catch-up skips it when it gets there. (An idempotent retry answered from the
+        record is noted again: it is skipped if already folded.)"""
+        key = (session_id, version)
+        with self._lock:
+            if self._folded.get(key):
+                return
+            self._folded.put(key, True)
+            self._ledger.fold(SessionScope.fleet_of(session_id), event)
 
     def refresh(self, *, force: bool = False) -> None:
         now = self._clock()
@@ -78,7 +109,7 @@ class CalibrationBook:
         with self._lock:
             if not force and self._read_at is not None and now - self._read_at < self.refresh_s:
                 return
-            self._position = _catch_up(self.store, self._ledger, self._position)
+            self._position = _catch_up(self.store, self._ledger, self._position, folded=self._folded)
             self._read_at = now
 
     def for_decision(self, session_id: str, model: str, quality: str) -> tuple[Calibration | None, int | None]:

@@ -53,9 +53,9 @@ from tracker.core import (
     expire_leases,
 )
 from tracker.core.decide import Result
-from tracker.core.events import CompactionCommitted, CompactionRejected
+from tracker.core.events import CompactionCommitted, CompactionRejected, ProviderRejected, UsageReported
 from tracker.core.outcome import outcome as outcome_of
-from tracker.core.reports import Report, decide_rejection, decide_usage
+from tracker.core.reports import Report, decide_rejection, decide_usage, same_report
 from tracker.core.thresholds import resolve_threshold
 from tracker.errors import (
     ConcurrencyConflict,
@@ -444,7 +444,15 @@ class Tracker:
             idempotency_key,
             op="usage",
         )
-        return self._reported(session_id, version, outcome)
+        given = dict(
+            basis=basis,
+            input_tokens=input_tokens,
+            model=model,
+            output_tokens=output_tokens,
+            cache_read_tokens=cache_read_tokens,
+            cache_write_tokens=cache_write_tokens,
+        )
+        return self._reported(session_id, version, outcome, given if idempotency_key is not None else None)
 
     @_command("rejection")
     def report_rejection(
@@ -478,12 +486,17 @@ class Tracker:
             idempotency_key,
             op="rejection",
         )
-        return self._reported(session_id, version, outcome)
+        given = dict(basis=basis, message=message, input_tokens=input_tokens, input_limit=input_limit, model=model)
+        return self._reported(session_id, version, outcome, given if idempotency_key is not None else None)
 
-    def _reported(self, session_id: str, version: int, outcome: Outcome) -> Report:
-        self.calibrations.stale()  # this process decides with its own report from the next call on
-        event = next(e for e in outcome.events if e.TYPE in ("UsageReported", "ProviderRejected"))
-        return Report(session_id=session_id, version=version, event=event)  # type: ignore[arg-type]
+    def _reported(self, session_id: str, version: int, outcome: Outcome, given: dict[str, Any] | None) -> Report:
+        event: Any = next(e for e in outcome.events if isinstance(e, (UsageReported, ProviderRejected)))
+        if given is not None:  # a key reused for another report is refused, not answered with the old one
+            same_report(event, given)
+        # this process decides with its own report from the next call on (not only once the log's
+        # safe horizon has passed it)
+        self.calibrations.note(session_id, version, event)
+        return Report(session_id=session_id, version=version, event=event)
 
     def calibration(self, fleet: str | None = None) -> list[Any]:
         """What calibration knows, per (fleet, model, counter): ``ModelSummary`` rows folded from the log."""

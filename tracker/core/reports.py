@@ -30,6 +30,7 @@ __all__ = [
     "decide_rejection",
     "decide_usage",
     "learned_limit",
+    "same_report",
 ]
 
 #: a reported count above this multiple of the measurement's input limit is not a count of that request
@@ -196,6 +197,36 @@ def decide_rejection(
         at=now,
     )
     return outcome(state, [event])
+
+
+def same_report(event: ev.UsageReported | ev.ProviderRejected, given: dict[str, Any]) -> None:
+    """An idempotency key is bound to the whole report: answered from the record only when the
+    call gives the same basis and numbers, else ``InvalidInput`` on ``idempotency_key``."""
+    differs = []
+    basis = given.get("basis")
+    if isinstance(basis, (str, Basis)):
+        b = str(basis)
+        if (
+            b != event.basis
+            and not (b[:1] != "r" and event.basis.endswith(":" + b))
+            and Basis.parse(b) != Basis.parse(event.basis)
+        ):
+            differs.append("basis")
+    for name, value in given.items():
+        if name == "basis" or value is None:
+            continue
+        recorded = getattr(event, name, None)
+        if name == "message":
+            value = _clean(value) if isinstance(value, str) else value
+        elif name == "model":
+            value = value.rpartition("/")[2] if isinstance(value, str) else value
+        if recorded != value:
+            differs.append(name)
+    if differs:
+        raise InvalidInput(
+            "idempotency_key",
+            f"was used for a {event.TYPE} with another {', '.join(differs)}: a retry must repeat the call as it was",
+        )
 
 
 def _plausible(value: int | None, cap: int) -> int | None:
