@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from tracker.core.events import (
     CompactionRejected,
@@ -42,7 +42,16 @@ from tracker.hooks import TrackerHooks
 
 if TYPE_CHECKING:  # pragma: no cover
     from tracker.core.outcome import Outcome
-    from tracker.counting.registry import ModelRegistry
+
+
+class ModelNames(Protocol):
+    """What the ``model`` label needs of a model registry (``tracker.counting.registry.ModelRegistry``
+    has it; the composition root passes the one the Tracker counts with)."""
+
+    def __contains__(self, model: object) -> bool: ...
+
+    def get(self, model: str) -> Any: ...  # an entry with a ``name``
+
 
 OCCUPANCY_BUCKETS = (1000, 2000, 3000, 4000, 5000, 6000, 7000, 8000, 9000, 9500, 10000)
 #: billed ÷ counted, close around 1 (an exact counter drifts by a few per cent at most)
@@ -55,10 +64,10 @@ class DecisionMetrics(TrackerHooks):
     provider's numbers (drift of billed against counted, rejections).
 
     One per registry (:func:`decision_metrics`): a registry refuses a second metric of a name.
-    ``models``: the model registry the ``model`` label's values come from (default: the shipped one).
+    ``models``: the model registry the ``model`` label's values come from (none given: every model reads ``other``).
     """
 
-    def __init__(self, registry: Any, models: ModelRegistry | None = None) -> None:
+    def __init__(self, registry: Any, models: ModelNames | None = None) -> None:
         from prometheus_client import Counter, Histogram
 
         r = registry
@@ -99,7 +108,7 @@ class DecisionMetrics(TrackerHooks):
         self._children: dict[tuple[Any, ...], Any] = {}
         self._labels: dict[str, str] = {}
 
-    def use_models(self, models: ModelRegistry) -> None:
+    def use_models(self, models: ModelNames) -> None:
         """Take the ``model`` label's values from ``models`` (the registry the Tracker counts with)."""
         self._models = models
         self._labels = {}
@@ -109,11 +118,7 @@ class DecisionMetrics(TrackerHooks):
         label = self._labels.get(model)
         if label is None:
             models = self._models
-            if models is None:
-                from tracker.counting.registry import ModelRegistry
-
-                models = self._models = ModelRegistry.load()
-            label = models.get(model).name if model in models else OTHER_MODEL
+            label = models.get(model).name if models is not None and model in models else OTHER_MODEL
             if len(self._labels) < 10_000:  # the names asked about are open; the labels are not
                 self._labels[model] = label
         return label
@@ -157,7 +162,7 @@ _BY_REGISTRY: weakref.WeakKeyDictionary[Any, DecisionMetrics] = weakref.WeakKeyD
 _LOCK = threading.Lock()
 
 
-def decision_metrics(registry: Any = None, *, models: ModelRegistry | None = None) -> DecisionMetrics:
+def decision_metrics(registry: Any = None, *, models: ModelNames | None = None) -> DecisionMetrics:
     """The one :class:`DecisionMetrics` of ``registry`` (default: ``prometheus_client.REGISTRY``);
     ``models``: the model registry its ``model`` labels come from from now on (see ``use_models``)."""
     if registry is None:
