@@ -37,6 +37,8 @@ SERIAL_MODULES = {
     "tests.integration.test_topology_pgbouncer",
     "tests.integration.test_topology_redis",
     "tests.integration.test_topology_replica",
+    # a LangChain and an AI SDK agent process racing for one basis (tests/e2e/test_cross_language_race.py)
+    "tests.e2e.test_cross_language_race",
 }
 # Tests that write on PostgreSQL and read the event feed at once: the feed shows an event only when every
 # transaction older than it has ended on the whole server (any database), so another test's migration or

@@ -10,31 +10,17 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-PACKAGE = ROOT / "clients" / "typescript"
+from tests.support.node import PACKAGE, ROOT, typescript_package
 
 pytestmark = pytest.mark.slow
 
 
-def _node_major(node: str) -> int:
-    out = subprocess.run([node, "--version"], capture_output=True, text=True, timeout=30).stdout.strip()
-    match = re.match(r"v(\d+)\.", out)
-    return int(match.group(1)) if match else 0
-
-
 def test_the_typescript_client_suite_passes():
-    node, npm = shutil.which("node"), shutil.which("npm")
-    if node is None or npm is None:
-        pytest.skip(f"the TypeScript client needs node and npm on PATH (node: {node}, npm: {npm})")
-    if _node_major(node) < 20:
-        pytest.skip(f"the TypeScript client needs Node 20 or newer, found {_node_major(node)}")
     env = {
         **os.environ,
         "PYTHON": sys.executable,  # the servers the suite starts run this interpreter ...
@@ -42,11 +28,7 @@ def test_the_typescript_client_suite_passes():
             p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p
         ),  # ... on this tree
     }
-    if not (PACKAGE / "node_modules").is_dir():
-        ci = subprocess.run(
-            [npm, "ci", "--no-audit", "--no-fund"], cwd=PACKAGE, env=env, capture_output=True, text=True, timeout=600
-        )
-        assert ci.returncode == 0, f"npm ci failed:\n{ci.stdout[-3000:]}\n{ci.stderr[-3000:]}"
+    _node, npm = typescript_package(env)
     run = subprocess.run([npm, "test"], cwd=PACKAGE, env=env, capture_output=True, text=True, timeout=900)
     output = run.stdout + run.stderr
     assert run.returncode == 0, f"npm test failed:\n{_failures(output)}\n...\n{output[-2000:]}"

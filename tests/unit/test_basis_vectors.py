@@ -4,7 +4,9 @@ Each vector is a request with what Python computes for it: its canonical JSON, f
 the digest of its history (``tracker.integrations._compaction.digest`` over one item per
 message), the basis ``View.basis()`` writes at the vector's revision and the heuristic count;
 or, for bad input, the ``InvalidInput`` code and field. ``numbers`` pairs JSON number texts with
-the canonical JSON Python writes for them. The TypeScript client checks the same file
+the canonical JSON Python writes for them. ``conversations`` holds one conversation as two
+frameworks hold it (LangChain messages, an AI SDK prompt) with the history's canonical form and
+the basis both adapters must compute for it. The TypeScript client checks the same file
 (clients/typescript/test/canonical.test.mjs); docs/canonical-request.md is the prose.
 
 After a deliberate change of the canonical form, rewrite the expected values with
@@ -25,6 +27,7 @@ from tracker.counting.counters import heuristic_request_tokens
 from tracker.counting.request import CanonicalRequest, canonical_json
 from tracker.errors import InvalidInput
 from tracker.integrations._compaction import Item, View, digest
+from tracker.integrations.langchain import view_of
 
 VECTORS = Path(__file__).resolve().parents[2] / "docs" / "vectors" / "basis.json"
 
@@ -53,12 +56,36 @@ def expected(vector: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def langchain_messages(spec: list[dict[str, Any]]) -> list[Any]:
+    """LangChain messages from the vectors' plain form: ``{"type": "human" | "ai" | "tool" | "system", ...}``."""
+    from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
+
+    kinds = {"human": HumanMessage, "ai": AIMessage, "tool": ToolMessage, "system": SystemMessage}
+    return [kinds[m["type"]](**{k: v for k, v in m.items() if k != "type"}) for m in spec]
+
+
+def conversation_expected(conversation: dict[str, Any]) -> dict[str, Any]:
+    """What the LangChain adapter computes for a conversation's history."""
+    from langchain_core.messages import SystemMessage
+
+    lc = conversation["langchain"]
+    system = SystemMessage(lc["system"]) if "system" in lc else None
+    view = view_of(langchain_messages(lc["messages"]), system)
+    history = CanonicalRequest.from_dict({"messages": view.request()["messages"]})
+    return {
+        "history_canonical": history.canonical_json(),
+        "history_digest": digest(view.items),
+        "basis": view.basis(),
+    }
+
+
 def number_canonical(text: str) -> str:
     return canonical_json(json.loads(text))
 
 
 VECTOR_CASES = load()["vectors"]
 NUMBER_CASES = load()["numbers"]
+CONVERSATIONS = load()["conversations"]
 
 
 @pytest.mark.parametrize("vector", VECTOR_CASES, ids=[v["name"] for v in VECTOR_CASES])
@@ -71,6 +98,25 @@ def test_the_python_implementation_computes_each_vector(vector):
 @pytest.mark.parametrize("case", NUMBER_CASES, ids=[c["json"] for c in NUMBER_CASES])
 def test_numbers_are_written_as_python_writes_them(case):
     assert number_canonical(case["json"]) == case["canonical"]
+
+
+@pytest.mark.parametrize("conversation", CONVERSATIONS, ids=[c["name"] for c in CONVERSATIONS])
+def test_the_langchain_adapter_computes_each_conversation(conversation):
+    want = conversation_expected(conversation)
+    assert {k: conversation.get(k) for k in want} == want
+
+
+def test_the_conversations_cover_tool_batches_and_revisions():
+    """A step with several tool results (one LangChain message each, one AI SDK message for all) and a
+    compacted history (revision above 1) are among the conversations both adapters are checked on."""
+    steps = [
+        m
+        for c in CONVERSATIONS
+        for m in c["ai_sdk"]["prompt"]
+        if m["role"] == "tool" and sum(p["type"] == "tool-result" for p in m["content"]) > 1
+    ]
+    assert steps
+    assert {c["basis"].split(":")[0] for c in CONVERSATIONS} >= {"r1", "r2"}
 
 
 def test_the_vectors_cover_the_contract():
@@ -131,6 +177,8 @@ def write() -> None:
         v.update(expected(v))
     for case in data["numbers"]:
         case["canonical"] = number_canonical(case["json"])
+    for conversation in data["conversations"]:
+        conversation.update(conversation_expected(conversation))
     text = json.dumps(data, ensure_ascii=False, indent=1)
     # a lone surrogate (one vector is about refusing it) is written as its \\u escape
     VECTORS.write_bytes(text.encode("utf-8", "backslashreplace") + b"\n")

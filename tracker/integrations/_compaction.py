@@ -256,6 +256,49 @@ class DirectoryShare:
 _PROCESS_SHARE = MemoryShare()
 
 
+def _offsets(items: Sequence[Item]) -> list[int]:
+    """Where each item starts in the history's request messages (and, last, their count)."""
+    out = [0]
+    for it in items:
+        out.append(out[-1] + len(it.messages))
+    return out
+
+
+def share_payload(view: View, rep: Replacement) -> dict[str, Any]:
+    """What a holder publishes of its compaction: language-neutral (docs/canonical-request.md, section 6).
+
+    ``start`` / ``end`` are positions in the history's *request messages*, not framework messages:
+    adapters of different frameworks split the same history into different items (an AI SDK tool
+    message holding two results is one item of two request messages, LangChain's two ToolMessages
+    are two items), and the request messages are what the basis is the digest of.
+    """
+    offsets = _offsets(view.items)
+    return {
+        "from_revision": view.revision,
+        "start": offsets[rep.start],
+        "end": offsets[rep.end],
+        "span": digest(view.items[rep.start : rep.end]),
+        "summary": rep.summary,
+    }
+
+
+def shared_span(view: View, payload: Any) -> tuple[int, int, str] | None:
+    """The items ``[start, end)`` a shared compaction replaces in ``view`` and its summary, or None when it
+    does not apply:
+    made from another revision, its positions not on this history's item boundaries, or its span's digest
+    not this history's (a different history under the same session)."""
+    if not isinstance(payload, Mapping) or payload.get("from_revision") != view.revision:
+        return None
+    start, end, summary = payload.get("start"), payload.get("end"), payload.get("summary")
+    offsets = _offsets(view.items)
+    if not (type(start) is int and type(end) is int and 0 <= start < end and start in offsets and end in offsets):
+        return None
+    first, stop = offsets.index(start), offsets.index(end)
+    if not isinstance(summary, str) or digest(view.items[first:stop]) != payload.get("span"):
+        return None
+    return first, stop, summary
+
+
 # -- counting the compacted request ----------------------------------------------------------
 
 
@@ -406,17 +449,7 @@ class ContextGuard:
             return None
         finally:
             self._local.view = None
-        self.share.put(
-            session_id,
-            attempt.attempt_id,
-            {
-                "from_revision": view.revision,
-                "start": rep.start,
-                "end": rep.end,
-                "span": digest(view.items[rep.start : rep.end]),
-                "summary": rep.summary,
-            },
-        )
+        self.share.put(session_id, attempt.attempt_id, share_payload(view, rep))
         try:
             state = self.tracker.commit(session_id, attempt.attempt_id, attempt.fencing_token, rep.tokens_after or 0)
         except SummaryTooLarge:
@@ -492,17 +525,14 @@ class ContextGuard:
         if committed is None:
             return None
         payload = self.share.get(session_id, committed["attempt_id"])
-        if not isinstance(payload, Mapping) or payload.get("from_revision") != view.revision:
+        found = shared_span(view, payload)
+        if found is None:
             return None
-        start, end = payload.get("start"), payload.get("end")
-        if not (isinstance(start, int) and isinstance(end, int) and 0 <= start < end <= len(view.items)):
-            return None
-        if digest(view.items[start:end]) != payload.get("span"):
-            return None  # a different history under the same session: nothing to adopt
+        start, end, summary = found
         return Replacement(
             start,
             end,
-            str(payload["summary"]),
+            summary,
             view.revision + 1,
             attempt_id=committed["attempt_id"],
             tokens_before=committed.get("tokens_before"),

@@ -162,7 +162,10 @@ function resultContent(output: LanguageModelV3ToolResultOutput): { content: unkn
   }
 }
 
-/** One AI SDK prompt message as the tracker's request message, with the tool calls it makes / answers. */
+/**
+ * One AI SDK prompt message as the tracker's request message(s), with the tool calls it makes /
+ * answers: a tool message becomes one request message per part (docs/canonical-request.md, section 4).
+ */
 export function messageItem(m: LanguageModelV3Message): Item {
   const calls = new Set<string>();
   const results = new Set<string>();
@@ -194,6 +197,12 @@ export function messageItem(m: LanguageModelV3Message): Item {
       default: // tool approval responses and anything newer: their JSON text (conservative)
         content.push({ type: "text", text: JSON.stringify(part) });
     }
+  }
+  if (m.role === "tool") {
+    // one request message per result, as LangChain and pydantic-ai hold them (one ToolMessage /
+    // OpenAI tool message each), so the same conversation has the same basis in every adapter
+    const messages = content.length ? content.map((part) => ({ role: "tool", content: [part] })) : [{ role: "tool", content }];
+    return { messages, calls, results };
   }
   return { messages: [{ role: m.role, content }], calls, results };
 }

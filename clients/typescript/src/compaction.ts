@@ -116,6 +116,50 @@ export class MemoryShare implements SummaryShare {
 
 export const PROCESS_SHARE = new MemoryShare();
 
+/** Where each item starts in the history's request messages (and, last, their count). */
+function offsets(items: readonly Item[]): number[] {
+  const out = [0];
+  for (const it of items) out.push(out[out.length - 1]! + it.messages.length);
+  return out;
+}
+
+/**
+ * What a holder publishes of its compaction, language-neutral (docs/canonical-request.md, section 6):
+ * `start` / `end` are positions in the history's request messages, not in the framework's
+ * messages (an AI SDK tool message holding two results is one item of two request messages;
+ * LangChain holds them as two messages).
+ */
+export async function sharePayload(view: View, rep: Replacement): Promise<Record<string, unknown>> {
+  const at = offsets(view.items);
+  return {
+    from_revision: view.revision,
+    start: at[rep.start],
+    end: at[rep.end],
+    span: await digest(view.items.slice(rep.start, rep.end)),
+    summary: rep.summary,
+  };
+}
+
+/**
+ * The items `[start, end)` a shared compaction replaces in `view` and its summary; null when it
+ * does not apply (another revision, positions off this history's item boundaries, or its span's
+ * digest not this history's: a different history under the same session).
+ */
+export async function sharedSpan(
+  view: View,
+  payload: Record<string, unknown> | null | undefined,
+): Promise<{ start: number; end: number; summary: string } | null> {
+  if (!payload || payload.from_revision !== view.revision) return null;
+  const { start, end, summary } = payload;
+  const at = offsets(view.items);
+  if (!(Number.isInteger(start) && Number.isInteger(end))) return null;
+  const s = at.indexOf(start as number);
+  const e = at.indexOf(end as number);
+  if (!((start as number) < (end as number) && s >= 0 && e >= 0)) return null;
+  if (typeof summary !== "string" || (await digest(view.items.slice(s, e))) !== payload.span) return null;
+  return { start: s, end: e, summary };
+}
+
 /**
  * Where the summarised span `items[head:end]` may end, best first: no tool call before the cut
  * is answered after it; the valid cut keeping at least `keepLast` entries nearest first, then
@@ -260,13 +304,7 @@ export class ContextGuard {
       await this.#reject(sessionId, attempt, exc.reason);
       return null;
     }
-    await this.share.put(sessionId, attempt.attempt_id, {
-      from_revision: view.revision,
-      start: rep.start,
-      end: rep.end,
-      span: await digest(view.items.slice(rep.start, rep.end)),
-      summary: rep.summary,
-    });
+    await this.share.put(sessionId, attempt.attempt_id, await sharePayload(view, rep));
     try {
       const state = await this.client.commit(sessionId, attempt.attempt_id, {
         fencing_token: attempt.fencing_token,
@@ -360,18 +398,12 @@ export class ContextGuard {
       if (event.type === "CompactionCommitted" && data.new_revision === view.revision + 1) committed = data;
     }
     if (committed === null) return null;
-    const payload = await this.share.get(sessionId, String(committed.attempt_id));
-    if (!payload || payload.from_revision !== view.revision) return null;
-    const { start, end } = payload;
-    if (!(Number.isInteger(start) && Number.isInteger(end))) return null;
-    const s = start as number;
-    const e = end as number;
-    if (!(0 <= s && s < e && e <= view.items.length)) return null;
-    if ((await digest(view.items.slice(s, e))) !== payload.span) return null; // a different history: nothing to adopt
+    const found = await sharedSpan(view, await this.share.get(sessionId, String(committed.attempt_id)));
+    if (found === null) return null;
     return {
-      start: s,
-      end: e,
-      summary: String(payload.summary),
+      start: found.start,
+      end: found.end,
+      summary: found.summary,
       revision: view.revision + 1,
       attemptId: String(committed.attempt_id),
       tokensBefore: (committed.tokens_before as number | undefined) ?? null,

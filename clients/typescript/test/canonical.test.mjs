@@ -14,9 +14,10 @@ import {
   PyFloat,
 } from "../dist/index.js";
 import { estimateTokens } from "../dist/heuristic.js";
+import { viewOf } from "../dist/ai-sdk.js";
 
 const file = new URL("../../../docs/vectors/basis.json", import.meta.url);
-const { vectors, numbers } = JSON.parse(readFileSync(file, "utf8"));
+const { vectors, numbers, conversations } = JSON.parse(readFileSync(file, "utf8"));
 
 test("the vectors file has both kinds of case", () => {
   assert.ok(vectors.filter((v) => !v.error).length >= 10);
@@ -41,6 +42,18 @@ for (const v of vectors) {
     assert.equal(estimateTokens(v.request), v.heuristic_tokens);
     // the canonical form is a fixed point (read as Python reads JSON text)
     assert.equal(canonicalJson(canonicalRequest(parseJson(v.canonical))), v.canonical);
+  });
+}
+
+// one conversation as LangChain and the AI SDK hold it: the AI SDK adapter gives the basis the LangChain one does
+for (const c of conversations) {
+  test(`conversation: ${c.name}`, async () => {
+    assert.ok(c.ai_sdk.prompt.length > 0 && c.basis);
+    const view = viewOf({ prompt: c.ai_sdk.prompt });
+    const history = view.request().messages;
+    assert.equal(canonicalJson(canonicalRequest({ messages: history })), c.history_canonical);
+    assert.equal(await historyDigest(history), c.history_digest);
+    assert.equal(await view.basis(), c.basis);
   });
 }
 
