@@ -26,6 +26,7 @@ from tests.support.sim_provider import (
     Workload,
     session,
 )
+from tracker.core.calibration import FACTOR_MAX, FACTOR_MIN, MIN_SAMPLES
 from tracker.core.model import QUALITY_HEURISTIC
 from tracker.core.state import SessionProjector
 from tracker.counting.backends import InProcessCounting
