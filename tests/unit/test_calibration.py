@@ -1,7 +1,7 @@
 """Provider calibration (tracker/core/calibration.py): values, the estimate's guarantees, and a simulation.
 
 The simulation counts varied realistic requests with the shipped heuristic counter and
-bills them with the simulated provider (tests/support/sim_provider.py, a tokenizer unlike
+bills them with the simulated provider (tracker/bench/sim_provider.py, a tokenizer unlike
 any the project ships). Run with ``-s`` to see the figures.
 """
 
@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.support.sim_provider import (
+from tracker.bench.sim_provider import (
     ANTHROPIC_LIKE,
     CODING_AGENT,
     GEMINI_LIKE,
