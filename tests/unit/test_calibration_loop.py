@@ -323,3 +323,43 @@ def test_a_hostile_fleet_cannot_move_another_fleets_decisions_and_moves_its_own_
         f" its factor {row.calibration.factor_bp / 10_000:.4f} (bounded: {row.calibration.bounded});"
         f" fleet B's {len(alone)} decisions identical to a run without fleet A"
     )
+
+
+# -- replay and what-if ----------------------------------------------------------------------
+
+
+def test_replay_of_a_calibrated_session_reproduces_every_action_and_without_calibration_they_differ() -> None:
+    from tracker.audit.replay import whatif_rows
+    from tracker.queries import verify
+
+    rng = random.Random("replay")
+    t = tracker()
+    train(t, "fW", MODEL, ANTHROPIC_LIKE, CODING_AGENT, rng)
+    sim = SimProvider(ANTHROPIC_LIKE)
+    requests = session(rng, CODING_AGENT, 90)
+    run = observe_session(t, "fW:s", MODEL, sim, requests)
+    assert run.compacted_at is not None
+    turn = run.compacted_at[0]
+    attempt = t.state("fW:s").open_automatic
+    assert attempt is not None
+    t.commit("fW:s", attempt.attempt_id, attempt.fencing_token, tokens_after=20_000)
+    small = requests[2]
+    assert t.observe("fW:s", request=small, model=MODEL, basis="k1").decision.action == "proceed"
+    t.report_rejection("fW:s", basis="k1", message="prompt is too long: 171234 tokens > 170000 maximum")
+    again = t.observe("fW:s", request=small, model=MODEL, basis="k1").decision
+    assert again.action == "compact" and again.rejected and again.input_limit == 170_000
+
+    rows = list(whatif_rows(t.history("fW:s"), t.policy, "fW:s", uncalibrated=True))
+    measures = [r for r in rows if r["op"] == "measure"]
+    assert len(measures) == turn + 3
+    assert not any(r["changed"] for r in measures), [r for r in measures if r["changed"]]
+    recorded = [e.data for e in t.history("fW:s") if e.type == "ContextMeasured"]
+    assert [r["whatif"]["input_tokens"] for r in measures] == [m["input_tokens"] for m in recorded]
+    assert [r["whatif"]["input_limit"] for r in measures] == [m["input_limit"] for m in recorded]
+    # on the raw heuristic counts the session compacts turns earlier: those decisions differ
+    changed = [i for i, r in enumerate(measures) if r["changed_uncalibrated"]]
+    assert changed and changed[0] < turn
+    assert measures[changed[0]]["uncalibrated"]["action"] == "compact"
+    # the rejected basis is at the hard limit either way
+    assert measures[-1]["uncalibrated"]["action"] == "compact" and measures[-1]["uncalibrated"]["rejected"]
+    assert verify(t.store)["ok"]
