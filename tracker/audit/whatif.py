@@ -245,9 +245,10 @@ class WhatIf:
             "compact_level": d.compact_level,
             "rearm_level": d.rearm_level,
             "attempt_id": d.attempt.attempt_id if d.attempt else None,
-            "input_tokens": d.input_tokens,
-            "input_limit": d.input_limit,
         }
+        if d.calibration is not None or learned is not None or d.rejected:
+            # the count and limit decided on, when they are not the line's own
+            out["input_tokens"], out["input_limit"] = d.input_tokens, d.input_limit
         if d.calibration is not None:
             out["calibration"] = d.calibration
         if d.rejected:
