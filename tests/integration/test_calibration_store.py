@@ -95,4 +95,9 @@ def test_verify_reports_a_decision_that_contradicts_its_own_calibration(sqlite_u
     assert "ProviderRejected" in history
     lines = cli.lines("history", "fT:s", "--json")
     assert [x for x in lines if x.get("type") == "ProviderRejected"]
+    # replay with and without calibration, side by side
+    table = cli.run("replay", "fT:s", "--without-calibration").stdout
+    assert "no calibration" in table and "0 decisions would change under this policy" in table
+    rows = [r for r in cli.lines("replay", "fT:s", "--without-calibration", "--json") if r["op"] == "measure"]
+    assert rows and all(not r["changed"] and r["uncalibrated"]["action"] == "proceed" for r in rows)
     store.close()

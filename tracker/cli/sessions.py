@@ -312,9 +312,15 @@ def replay(
     observe_only: bool = OBSERVE_ONLY,
     max_automatic_per_episode: int | None = MAX_AUTO,
     fleet: str | None = FLEET,
+    without_calibration: bool = typer.Option(
+        False,
+        "--without-calibration",
+        help="what-if: beside each re-decided measurement, the decision on its raw count (no calibration factor)",
+    ),
     as_json: bool = typer.Option(False, "--json", help="JSON lines, streamed"),
 ) -> None:
-    """Rebuild a session's state event by event; with policy flags, what-if on the recorded measurements."""
+    """Rebuild a session's state event by event; with policy flags, what-if on the recorded measurements
+    (each re-decided with the calibration it recorded; ``--without-calibration``: and without, side by side)."""
     from tracker import queries
 
     with _session_open(session_id, fleet, as_json) as (db, scope, version):
@@ -324,7 +330,7 @@ def replay(
             # at the head: the store's narrow reads (the console's page); up to --at: the stream
             source = (db, scope.internal(session_id)) if at is None or at >= version else events
             _replay_html(session_id, source, html_file, as_json)
-        elif any(
+        elif without_calibration or any(
             f is not None
             for f in (compact_at, rearm_below, turn_delta, observe_only or None, max_automatic_per_episode)
         ):
@@ -342,7 +348,7 @@ def replay(
                 )
             except TrackerError as exc:
                 fail(exc, as_json)
-            _replay_whatif(session_id, events, policy, as_json, stream)
+            _replay_whatif(session_id, events, policy, as_json, stream, without_calibration)
         else:
             _replay_states(session_id, events, at, as_json, stream)
 
@@ -368,21 +374,32 @@ def _replay_html(session_id: str, events: Any, html_file: Path, as_json: bool) -
         )
 
 
-def _replay_whatif(session_id: str, events: Any, policy: Any, as_json: bool, stream: bool) -> None:
+def _replay_whatif(
+    session_id: str, events: Any, policy: Any, as_json: bool, stream: bool, uncalibrated: bool = False
+) -> None:
     from tracker.audit.replay import whatif_rows
 
-    rows = whatif_rows(events, policy, session_id)
+    rows = whatif_rows(events, policy, session_id, uncalibrated=uncalibrated)
     if as_json:
         print_json_lines(rows)
         return
-    changed = 0
+    changed = changed_raw = 0
 
     def table_rows() -> Any:
-        nonlocal changed
+        nonlocal changed, changed_raw
         for row in rows:
             changed += bool(row.get("changed"))
+            changed_raw += bool(row.get("changed_uncalibrated"))
             w = row["whatif"]
+            raw = row.get("uncalibrated") or {}
+            extra: tuple[str, ...] = ()
             if row["op"] == "measure" and "error" not in w:
+                if uncalibrated:
+                    shown = raw.get("action", raw.get("error", ""))
+                    extra = (
+                        str(w.get("input_tokens", "")),
+                        styled(str(shown), "bold yellow" if row.get("changed_uncalibrated") else ""),
+                    )
                 yield (
                     str(row["version"]),
                     "measure",
@@ -390,17 +407,23 @@ def _replay_whatif(session_id: str, events: Any, policy: Any, as_json: bool, str
                     styled(w["action"], "bold yellow" if row["changed"] else ""),
                     w["pressure"],
                     f"{w['compact_level']}/{w['rearm_level']}",
+                    *extra,
                 )
             else:
-                yield (str(row["version"]), row["op"], "", json.dumps(w), "", "")
+                yield (str(row["version"]), row["op"], "", json.dumps(w), "", "", *(("", "") if uncalibrated else ()))
 
+    columns: tuple[str, ...] = ("v", "op", "recorded", "what-if", "pressure", "levels c/r")
+    if uncalibrated:
+        columns += ("decided on", "no calibration")
     print_rows(
         f"what-if for {session_id}: compact at {policy.compact_at_bp}, rearm below {policy.rearm_below_bp}",
-        ("v", "op", "recorded", "what-if", "pressure", "levels c/r"),
+        columns,
         table_rows(),
         stream=stream,
     )
     console.print(f"{plural(changed, 'decision')} would change under this policy")
+    if uncalibrated:
+        console.print(f"{plural(changed_raw, 'decision')} would change without calibration")
 
 
 def _replay_states(session_id: str, events: Any, at: int | None, as_json: bool, stream: bool) -> None:
