@@ -235,7 +235,7 @@ class WhatIf:
         if d is None:  # refused (stale basis, quality): recorded live, reported here
             assert outcome.error is not None
             return outcome, {}
-        out = {
+        out: dict[str, Any] = {
             "pressure": d.pressure,
             "occupancy_bp": d.occupancy_bp,
             "action": d.action,

@@ -392,7 +392,7 @@ def _replay_whatif(
             changed_raw += bool(row.get("changed_uncalibrated"))
             w = row["whatif"]
             raw = row.get("uncalibrated") or {}
-            extra: tuple[str, ...] = ()
+            extra: tuple[Any, ...] = ()
             if row["op"] == "measure" and "error" not in w:
                 if uncalibrated:
                     shown = raw.get("action", raw.get("error", ""))

@@ -299,7 +299,7 @@ def _median_of(values: Iterable[Any], exact: Any = Fraction) -> Fraction:
     def at(i: int) -> Fraction:
         lo, hi = bisect_left(floats, floats[i]), bisect_right(floats, floats[i])
         if hi - lo == 1:
-            return exact(keyed[i])  # type: ignore[no-any-return]
+            return exact(keyed[i])
         return sorted(exact(v) for v in keyed[lo:hi])[i - lo]
 
     mid = len(keyed) // 2
