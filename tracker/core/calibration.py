@@ -81,7 +81,6 @@ Incremental form (:class:`CalibrationState`)
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
@@ -297,7 +296,11 @@ def _median_of(values: Iterable[Any], exact: Any = Fraction) -> Fraction:
     floats = [p / q for p, q in keyed] if pairs else [float(v) for v in keyed]
 
     def at(i: int) -> Fraction:
-        lo, hi = bisect_left(floats, floats[i]), bisect_right(floats, floats[i])
+        lo = hi = i
+        while lo > 0 and floats[lo - 1] == floats[i]:
+            lo -= 1
+        while hi < len(floats) and floats[hi] == floats[i]:
+            hi += 1
         if hi - lo == 1:
             return exact(keyed[i])
         return sorted(exact(v) for v in keyed[lo:hi])[i - lo]
