@@ -100,4 +100,8 @@ def test_verify_reports_a_decision_that_contradicts_its_own_calibration(sqlite_u
     assert "no calibration" in table and "0 decisions would change under this policy" in table
     rows = [r for r in cli.lines("replay", "fT:s", "--without-calibration", "--json") if r["op"] == "measure"]
     assert rows and all(not r["changed"] and r["uncalibrated"]["action"] == "proceed" for r in rows)
+    table = cli.run("replay", "fT:s", "--without-calibration", "--calibration-from-log").stdout
+    assert "log's calibration" in table and "0 decisions would change with the calibration folded from" in table
+    rows = [r for r in cli.lines("replay", "fT:s", "--calibration-from-log", "--json") if r["op"] == "measure"]
+    assert rows and all(r["refolded"]["calibration"] == r["whatif"]["calibration"] for r in rows)
     store.close()

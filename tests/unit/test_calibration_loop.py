@@ -363,3 +363,11 @@ def test_replay_of_a_calibrated_session_reproduces_every_action_and_without_cali
     # the rejected basis is at the hard limit either way
     assert measures[-1]["uncalibrated"]["action"] == "compact" and measures[-1]["uncalibrated"]["rejected"]
     assert verify(t.store)["ok"]
+    # the calibration folded again from the log's reports by this code: the same as recorded
+    from tracker.core.events import PROVIDER_REPORTS
+
+    reports = t.store.read_all(0, 10_000, types=PROVIDER_REPORTS)
+    rows = list(whatif_rows(t.history("fW:s"), t.policy, "fW:s", reports=reports))
+    measures = [r for r in rows if r["op"] == "measure"]
+    assert not any(r["changed_refolded"] for r in measures)
+    assert [r["refolded"].get("calibration") for r in measures] == [r["whatif"].get("calibration") for r in measures]
