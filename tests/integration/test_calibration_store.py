@@ -9,7 +9,7 @@ import random
 from typing import Any
 
 from tests.support.cli import Cli, clean_env
-from tests.unit.test_calibration_loop import COUNTING, MODEL, observe_session, train
+from tests.support.provider_loop import COUNTING, MODEL, observe_session, train
 from tracker.audit.replay import whatif_rows
 from tracker.bench.sim_provider import ANTHROPIC_LIKE, CODING_AGENT, SimProvider, session
 from tracker.calibrations import ledger_of

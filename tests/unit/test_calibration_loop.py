@@ -2,7 +2,7 @@
 of a fleet's model, a provider rejection is a hard limit for its basis, and one fleet's reports
 never move another fleet's decisions.
 
-The provider is simulated (tracker/bench/sim_provider.py): its tokenizer differs from every
+The provider is simulated (tracker/bench/sim_provider.py; the loop: tests/support/provider_loop.py): its tokenizer differs from every
 counter the project ships. The model is one whose counter is the shipped heuristic
 (``heuristic_estimate``, the quality calibration corrects). Run with ``-s`` to see the figures.
 """
@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import random
 import statistics
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
+from tests.support.provider_loop import COUNTING, MODEL, REGISTRY, observe_session, tracker, train
+from tracker.bench.calibration import BAND_FROM
+from tracker.bench.calibration import CASES as BENCH_CASES
 from tracker.bench.sim_provider import (
     ANTHROPIC_LIKE,
     CODING_AGENT,
-    GEMINI_LIKE,
-    MULTILINGUAL_ASSISTANT,
     Profile,
     SimProvider,
     Workload,
@@ -30,80 +30,14 @@ from tracker.core.calibration import FACTOR_MAX, FACTOR_MIN, MIN_SAMPLES, Calibr
 from tracker.core.model import QUALITY_HEURISTIC
 from tracker.core.policy import Policy
 from tracker.core.state import SessionProjector
-from tracker.counting.backends import InProcessCounting
 from tracker.counting.counters import HeuristicCounter
-from tracker.counting.registry import ModelRegistry
 from tracker.counting.request import CanonicalRequest
 from tracker.errors import ContextLimitError, InvalidInput
 from tracker.service import Tracker
 from tracker.store import MemoryEventStore
 
-#: the shipped models, and a Gemini model with a 128k window (the shipped ones have 1M: a session
-#: that fills 0.80 of that would take minutes to count here, and proves nothing more)
-REGISTRY = ModelRegistry.load(
-    {"gemini-sim-128k": {"provider": "google", "window": 131_072, "counter": "heuristic", "max_output_tokens": 8192}}
-)
-COUNTING = InProcessCounting(REGISTRY)
-
-#: (model, the simulated provider's profile, the fleet's workload)
-CASES = [
-    ("claude-sonnet-4-5", ANTHROPIC_LIKE, CODING_AGENT),
-    ("gemini-sim-128k", GEMINI_LIKE, MULTILINGUAL_ASSISTANT),
-]
-
-
-def tracker(store: MemoryEventStore | None = None) -> Tracker:
-    return Tracker(store or MemoryEventStore(projector=SessionProjector()), counting=COUNTING)
-
-
-@dataclass
-class Run:
-    """One session observed turn by turn: every decision's (decided, billed) and where it compacted."""
-
-    pairs: list[tuple[int, int]]  # (decided count, billed) of every decision
-    compacted_at: tuple[int, int] | None  # (turn, billed tokens) of the first compact
-    input_limit: int
-    reports: int
-
-
-def observe_session(
-    t: Tracker,
-    sid: str,
-    model: str,
-    provider: SimProvider,
-    requests: list[CanonicalRequest],
-    *,
-    report: bool | int = False,
-) -> Run:
-    """Observe each request in turn until a compact; ``report``: report the billed usage of each
-    request let through (``True``), or of at most that many."""
-    pairs: list[tuple[int, int]] = []
-    limit = 0
-    reports = 0
-    for i, request in enumerate(requests):
-        d = t.observe(sid, request=request, model=model, basis=f"m{i}").decision
-        billed = provider.billed(request)
-        pairs.append((d.input_tokens, billed))
-        limit = d.input_limit
-        if d.action == "compact":
-            return Run(pairs, (i, billed), limit, reports)
-        assert d.action == "proceed", d
-        if report is True or reports < report:
-            t.report_usage(sid, basis=f"m{i}", input_tokens=billed)
-            reports += 1
-    return Run(pairs, None, limit, reports)
-
-
-def train(t: Tracker, fleet: str, model: str, provider: Profile, workload: Workload, rng: random.Random) -> int:
-    """The fleet's first sessions, each reporting the usage of its turns, until ``MIN_SAMPLES`` reports."""
-    sim = SimProvider(provider)
-    reports = 0
-    n = 0
-    while reports < MIN_SAMPLES:
-        requests = session(rng, workload, rng.randint(4, 12))
-        reports += observe_session(t, f"{fleet}:train-{n}", model, sim, requests, report=MIN_SAMPLES - reports).reports
-        n += 1
-    return reports
+#: (model, the simulated provider's profile, the fleet's workload): the bench's
+CASES = list(BENCH_CASES)
 
 
 #: decided / billed, for requests of at least ``BAND_FROM`` x the input limit, and for smaller ones.
@@ -112,7 +46,7 @@ def train(t: Tracker, fleet: str, model: str, provider: Profile, workload: Workl
 #: does not fit, and the fitted constant per request weighs more on them; they are a few percent
 #: of the limit, far from any decision (compaction is decided at 0.80 of it).
 BAND = (0.99, 1.10)
-BAND_FROM = 0.2
+
 BAND_SMALL = (0.94, 1.25)
 
 
@@ -205,8 +139,6 @@ def test_after_20_usage_reports_a_fresh_session_compacts_at_072_085_of_the_bille
 
 
 # -- provider rejections ---------------------------------------------------------------------
-
-MODEL = "claude-sonnet-4-5"
 
 
 def _request(rng: random.Random, turns: int) -> CanonicalRequest:
