@@ -15,16 +15,16 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from tracker._lru import LRU
 from tracker.core.calibration import Calibration
 from tracker.core.events import PROVIDER_REPORTS, DomainEvent, event_from_data
 from tracker.core.ledger import CalibrationLedger, ModelSummary
 from tracker.core.model import SessionScope
-from tracker.store.base import EventStore
+from tracker.store.base import EventStore, StoredEvent
 
-__all__ = ["CalibrationBook", "ledger_of"]
+__all__ = ["CalibrationBook", "ledger_of", "provider_reports"]
 
 BATCH = 1000
 #: how many recently folded reports a book remembers (a report it recorded itself is folded at once;
@@ -37,6 +37,17 @@ def ledger_of(store: EventStore, *, fleet_prefix: str | None = None) -> Calibrat
     ledger = CalibrationLedger()
     _catch_up(store, ledger, 0, fleet_prefix)
     return ledger
+
+
+def provider_reports(store: EventStore, *, fleet_prefix: str | None = None) -> Iterator[StoredEvent]:
+    """The log's provider reports in global order, read in batches (the what-if's ``reports``)."""
+    position = 0
+    while True:
+        batch = store.read_all(position, BATCH, session_prefix=fleet_prefix, types=PROVIDER_REPORTS)
+        yield from batch
+        if len(batch) < BATCH:
+            return
+        position = batch[-1].position
 
 
 def _catch_up(

@@ -36,7 +36,7 @@ from typing import Any, NamedTuple, TypedDict, Unpack
 from tracker.core import EVENT_TYPES, PRESSURES, DomainEvent, SessionProjector, SessionState, check_session_id
 from tracker.core.model import FLEET_ID_LEN
 from tracker.errors import InvalidInput, UnknownSession
-from tracker.store import StoredEvent, verify_projections
+from tracker.store import StoredEvent, verify_decisions, verify_projections
 from tracker.store.base import SessionViews
 
 External = Callable[[str], str]
@@ -383,9 +383,10 @@ def verify(store: Any) -> dict[str, Any]:
     """Re-fold every session from the log and compare with the stored projection.
 
     ``{"ok": bool, "sessions": n, "differences": [...]}``; ``ok`` is true when every projection
-    equals the fold of its log.
+    equals the fold of its log and every recorded decision agrees with its own record (the count
+    decided on = its raw count under the calibration it records; its limit <= the measurement's).
     """
-    diffs = verify_projections(store, SessionProjector())
+    diffs = verify_projections(store, SessionProjector()) + verify_decisions(store)
     n = sum(1 for _ in store.log_versions())
     return {"ok": not diffs, "sessions": n, "differences": diffs}
 

@@ -1,7 +1,7 @@
 """Provider calibration (tracker/core/calibration.py): values, the estimate's guarantees, and a simulation.
 
 The simulation counts varied realistic requests with the shipped heuristic counter and
-bills them with the simulated provider (tests/support/sim_provider.py, a tokenizer unlike
+bills them with the simulated provider (tracker/bench/sim_provider.py, a tokenizer unlike
 any the project ships). Run with ``-s`` to see the figures.
 """
 
@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.support.sim_provider import (
+from tracker.bench.sim_provider import (
     ANTHROPIC_LIKE,
     CODING_AGENT,
     GEMINI_LIKE,
@@ -31,6 +31,7 @@ from tracker.core.calibration import (
     FACTOR_GRID,
     FACTOR_MAX,
     FACTOR_MIN,
+    INTERCEPT_MAX,
     MIN_COUNTED,
     MIN_MARGIN,
     MIN_SAMPLES,
@@ -123,7 +124,44 @@ def test_the_estimate_is_the_median_plus_a_margin_rounded_up_to_a_basis_point() 
     cal = estimate([CalibrationSample(3000, 2000)] * MIN_SAMPLES)
     assert cal is not None and cal.mad == 0
     assert cal.factor == Fraction(6867, FACTOR_GRID) == Fraction(2, 3) * (1 + MIN_MARGIN) + Fraction(1, 30_000)
-    assert cal.to_data() == {"factor_bp": 6867, "samples": MIN_SAMPLES, "median": "2/3", "mad": "0", "bounded": False}
+    assert cal.to_data() == {
+        "factor_bp": 6867,
+        "samples": MIN_SAMPLES,
+        "median": "2/3",
+        "mad": "0",
+        "bounded": False,
+        "intercept": 0,
+    }
+    assert Calibration.from_data(cal.to_data()) == cal
+
+
+def test_a_constant_per_request_is_fitted_as_an_intercept() -> None:
+    # billed = 7/10 counted + 500 exactly, over requests of many sizes: slope 0.7, intercept 500,
+    # then the 3 % margin on both (no spread): ceil_grid(0.721) and ceil(515)
+    samples = [CalibrationSample(c, c * 7 // 10 + 500) for c in range(2000, 2000 + 20 * 3000, 3000)]
+    cal = estimate(samples)
+    assert cal is not None
+    assert cal.factor == Fraction(7210, FACTOR_GRID) and cal.intercept == 515 and not cal.bounded
+    assert apply(10_000, cal) == 7210 + 515 and apply(0, cal) == 0
+    # a small request is no longer under-counted as the proportional fit does it
+    proportional = estimate([CalibrationSample(c, c * 7 // 10 + 500) for c in [60_000] * 20])
+    assert proportional is not None and proportional.intercept == 0
+    assert apply(2000, proportional) < 2000 * 7 // 10 + 500 <= apply(2000, cal)
+    # a decision recorded before the intercept existed reads back as intercept 0
+    old = {"factor_bp": 7210, "samples": 20, "median": "7/10", "mad": "0", "bounded": False}
+    assert Calibration.from_data(old).intercept == 0
+    # a negative constant (the counter over-counts the fixed part) falls back to the proportional fit
+    over = estimate([CalibrationSample(c, c * 7 // 10 - 300) for c in range(2000, 2000 + 20 * 3000, 3000)])
+    assert over is not None and over.intercept == 0
+
+
+def test_the_intercept_is_bounded() -> None:
+    samples = [CalibrationSample(c, c // 2 + 3000) for c in range(4000, 4000 + 20 * 5000, 5000)]
+    cal = estimate(samples)
+    assert cal is not None and cal.intercept == INTERCEPT_MAX and cal.bounded
+    with pytest.raises(InvalidInput) as err:
+        Calibration(Fraction(1, 2), 20, Fraction(1, 2), Fraction(0), intercept=INTERCEPT_MAX + 1)
+    assert err.value.field == "intercept"
 
 
 def test_the_factor_is_bounded() -> None:
@@ -224,7 +262,8 @@ def test_the_factor_is_bounded_on_the_grid_and_independent_of_order_within_the_w
     assert cal is not None
     assert FACTOR_MIN <= cal.factor <= FACTOR_MAX
     assert (cal.factor * FACTOR_GRID).denominator == 1
-    assert cal.factor >= min(cal.median, FACTOR_MAX)  # never below the median: it leans to over-counting
+    if not cal.bounded:  # it leans to over-counting: at least half of its own samples are decided at or above billed
+        assert 2 * sum(1 for s in samples if apply(s.counted, cal) >= s.billed) >= len(samples)
     shuffled = list(samples)
     rnd.shuffle(shuffled)
     assert estimate(shuffled) == cal
@@ -408,3 +447,23 @@ def test_hostile_reports_move_the_factor_only_within_the_bound() -> None:
     # a hostile majority reaches a bound and no further
     assert results["19 at 1/4 + 1 honest (hostile majority)"].factor == FACTOR_MIN
     assert results["19 at 4x + 1 honest (hostile majority)"].factor == FACTOR_MAX
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.fractions(max_denominator=10**20).filter(lambda f: f.denominator > 0),
+        min_size=1,
+        max_size=40,
+    )
+)
+def test_the_float_keyed_median_is_the_exact_median(values: list[Fraction]) -> None:
+    from tracker.core.calibration import _median, _median_of, _quotient
+
+    expected = _median(sorted(values))
+    assert _median_of(values) == expected
+    assert _median_of([(v.numerator, v.denominator) for v in values], _quotient) == expected
+    # near-ties (equal floats, different fractions) are ordered exactly
+    big = 10**30
+    close = [Fraction(big + 1, big), Fraction(big + 2, big), Fraction(big, big), Fraction(big + 3, big)]
+    assert _median_of(close) == _median(sorted(close))

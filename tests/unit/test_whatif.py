@@ -259,3 +259,39 @@ def test_hostile_lines_get_error_lines_and_the_run_goes_on():
     assert [("error" in o) for o in out] == [True, True, True, True, True, False]
     assert out[0]["field"] == "scope" and out[1]["field"] == "compaction_threshold" and out[2]["field"] == "at"
     assert out[-1]["action"] == "proceed"
+
+
+def test_a_line_may_carry_a_calibration_a_learned_limit_and_a_rejection():
+    cal = {"factor_bp": 7500, "intercept": 300, "samples": 20, "median": "3/4", "mad": "0"}
+    lines = [
+        {
+            "op": "measure",
+            "basis": "b1",
+            "counted_tokens": 100_000,
+            "input_limit": 175_000,
+            "quality": "heuristic_estimate",
+            "calibration": cal,
+        },
+        {
+            "op": "measure",
+            "basis": "b1",
+            "input_tokens": 100_000,
+            "input_limit": 175_000,
+            "quality": "exact_local",
+            "calibration": cal,
+        },
+        {"op": "measure", "basis": "b1", "input_tokens": 100_000, "counted_tokens": 9, "input_limit": 175_000},
+        {"op": "measure", "basis": "b1", "input_tokens": 100_000, "input_limit": 175_000, "learned_limit": 120_000},
+        {"op": "rejection", "basis": "b1"},
+        {"op": "measure", "basis": "b1", "input_tokens": 1_000, "input_limit": 175_000},
+    ]
+    out = list(WhatIf().run(json.dumps(x) for x in lines))
+    assert out[0]["input_tokens"] == 75_300 and out[0]["calibration"]["factor_bp"] == 7500  # ceil(0.75 c) + 300
+    assert "calibration" not in out[1]  # an exact count is not corrected
+    assert out[2]["field"] == "counted_tokens"
+    assert out[3]["input_limit"] == 120_000 and out[3]["action"] == "compact"  # 100k > 0.80 of 120k
+    assert out[4] == {"ok": True, "rejected": "r1:b1"}
+    assert out[5]["pressure"] == "hard_limit" and out[5]["rejected"]
+    # without calibration: the raw count
+    raw = list(WhatIf(calibrated=False).run([json.dumps(lines[0])]))
+    assert "calibration" not in raw[0] and raw[0]["occupancy_bp"] == 100_000 * 10_000 // 175_000

@@ -3,7 +3,12 @@
 Input ops (one JSON object per line):
 
     {"op": "measure", "basis": "b2", "input_tokens": 80, "input_limit": 100}
-        optional: compaction_threshold, scope, scope_confidence, model, quality, overhead_tokens, at
+        optional: compaction_threshold, scope, scope_confidence, model, quality, overhead_tokens, at,
+        calibration ({"factor_bp": 7400, "intercept": 300, "samples": 20}: applied to a count of
+        quality heuristic_estimate, as live), counted_tokens (the counter's raw count; the same as
+        input_tokens, either may be given), learned_limit (a lower limit learned from a rejection)
+    {"op": "rejection", "basis": "b2"}             the provider refused that basis: it decides at
+        the hard limit from then on (optional: input_tokens, input_limit, the provider's numbers)
     {"op": "commit", "tokens_after": 40}          acts on the open attempt, automatic first
     {"op": "reject", "reject_reason": "execution_failed"}
         optional on both: "reason": "automatic" | "manual" picks which open attempt
@@ -35,11 +40,13 @@ from tracker.core import (
     decide_measure,
     decide_reject,
 )
+from tracker.core.calibration import Calibration
 from tracker.core.model import is_int
 from tracker.core.outcome import Outcome
+from tracker.core.reports import decide_rejection
 from tracker.errors import InvalidInput, TrackerError
 
-OPS = ("measure", "commit", "reject", "manual")
+OPS = ("measure", "commit", "reject", "manual", "rejection")
 MEASURE_KEYS = {
     "op",
     "basis",
@@ -53,6 +60,9 @@ MEASURE_KEYS = {
     "overhead_tokens",
     "at",
     "fingerprint",
+    "calibration",
+    "counted_tokens",
+    "learned_limit",
 }
 
 
@@ -63,6 +73,7 @@ class WhatIf:
     state: SessionState = field(init=False)
     line_no: int = 0
     keep_events: bool = True  # the CLI turns this off so long traces run in constant memory
+    calibrated: bool = True  # False: ignore the ops' calibration (decide on the raw counts)
     events: list[Any] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -125,6 +136,17 @@ class WhatIf:
         now = self._now(op)
         if kind == "measure":
             return self._measure(op, now)
+        if kind == "rejection":
+            if "basis" not in op:
+                raise InvalidInput("basis", "is required for rejection")
+            outcome = decide_rejection(
+                self.state,
+                basis=op["basis"],
+                input_tokens=op.get("input_tokens"),
+                input_limit=op.get("input_limit"),
+                now=now,
+            )
+            return outcome, {"ok": True, "rejected": str(outcome.events[-1].basis)}  # type: ignore[attr-defined]
         if kind == "manual":
             outcome = decide_manual(self.state, self.policy, now=now, new_attempt_id=self._next_attempt_id())
             if outcome.error is not None:
@@ -174,9 +196,17 @@ class WhatIf:
         unknown = sorted(set(op) - MEASURE_KEYS)
         if unknown:
             raise InvalidInput(unknown[0], "is not a measure field")
+        if "input_tokens" not in op and "counted_tokens" in op:
+            op = {**op, "input_tokens": op["counted_tokens"]}
+        elif "counted_tokens" in op and op["counted_tokens"] != op["input_tokens"]:
+            raise InvalidInput("counted_tokens", "differs from input_tokens (both are the counter's raw count)")
         for key in ("basis", "input_tokens", "input_limit"):
             if key not in op:
                 raise InvalidInput(key, "is required for measure")
+        calibration = Calibration.from_data(op["calibration"]) if op.get("calibration") is not None else None
+        learned = op.get("learned_limit")
+        if learned is not None and (not is_int(learned) or learned <= 0):
+            raise InvalidInput("learned_limit", f"must be a positive integer, got {str(learned)[:40]!r}")
         basis = Basis.parse(op["basis"], self.state.revision)
         model = op.get("model", "whatif/model")
         fingerprint = op.get("fingerprint") or hashlib.sha256(str(basis).encode()).hexdigest()
@@ -198,12 +228,14 @@ class WhatIf:
             scope=op.get("scope"),
             scope_confidence=op.get("scope_confidence"),
             overhead_tokens=op.get("overhead_tokens"),
+            calibration=calibration if self.calibrated else None,
+            learned_limit=learned,
         )
         d = outcome.decision
         if d is None:  # refused (stale basis, quality): recorded live, reported here
             assert outcome.error is not None
             return outcome, {}
-        out = {
+        out: dict[str, Any] = {
             "pressure": d.pressure,
             "occupancy_bp": d.occupancy_bp,
             "action": d.action,
@@ -214,6 +246,13 @@ class WhatIf:
             "rearm_level": d.rearm_level,
             "attempt_id": d.attempt.attempt_id if d.attempt else None,
         }
+        if d.calibration is not None or learned is not None or d.rejected:
+            # the count and limit decided on, when they are not the line's own
+            out["input_tokens"], out["input_limit"] = d.input_tokens, d.input_limit
+        if d.calibration is not None:
+            out["calibration"] = d.calibration
+        if d.rejected:
+            out["rejected"] = True
         if d.attempt:
             out["history_budget"] = d.attempt.history_budget
         return outcome, out

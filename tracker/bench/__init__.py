@@ -20,6 +20,9 @@ http        ``observe`` over ``tracker serve`` vs.       Postgres + Redis
             in-process
 scale       audit reads on 10k/1M(/10M)-event logs       Postgres (scratch databases)
             (feed, history, tail, pressure filter)
+calibration compaction point and decided/billed before   Postgres (scratch database)
+            and after 20 reports of a simulated
+            provider; catch-up and estimate costs
 ==========  ==========================================  ===========================
 
 Where it measures comes from ``Settings.bench`` (see :class:`Targets`); the Postgres server
@@ -126,6 +129,12 @@ def _pooler(quick: bool, targets: Targets, settings: Settings, result: dict[str,
     return run_pooler_bench(targets.pg, quick)
 
 
+def _calibration(quick: bool, targets: Targets, settings: Settings, result: dict[str, Any]) -> dict[str, Any]:
+    from tracker.bench.calibration import run_calibration_bench
+
+    return run_calibration_bench(targets.pg, quick)
+
+
 SECTIONS: dict[str, Section] = {
     "core": Section(_core, lambda t: {}),
     "store": Section(_store, lambda t: {"postgres": mask(t.pg)}),
@@ -136,6 +145,7 @@ SECTIONS: dict[str, Section] = {
     "pooler": Section(
         _pooler, lambda t: {"postgres": mask(t.pg), "pgbouncer": "started by the bench (transaction mode)"}
     ),
+    "calibration": Section(_calibration, lambda t: {"postgres": mask(t.pg)}),
 }
 
 

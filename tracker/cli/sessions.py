@@ -312,9 +312,21 @@ def replay(
     observe_only: bool = OBSERVE_ONLY,
     max_automatic_per_episode: int | None = MAX_AUTO,
     fleet: str | None = FLEET,
+    without_calibration: bool = typer.Option(
+        False,
+        "--without-calibration",
+        help="what-if: beside each re-decided measurement, the decision on its raw count (no calibration factor)",
+    ),
+    from_log: bool = typer.Option(
+        False,
+        "--calibration-from-log",
+        help="what-if: beside each, the decision with the calibration this version folds from the log's reports up to it",
+    ),
     as_json: bool = typer.Option(False, "--json", help="JSON lines, streamed"),
 ) -> None:
-    """Rebuild a session's state event by event; with policy flags, what-if on the recorded measurements."""
+    """Rebuild a session's state event by event; with policy flags, what-if on the recorded measurements
+    (each re-decided with the calibration it recorded; ``--without-calibration``: and without, side by side;
+    ``--calibration-from-log``: and with the calibration folded again from the log)."""
     from tracker import queries
 
     with _session_open(session_id, fleet, as_json) as (db, scope, version):
@@ -324,9 +336,13 @@ def replay(
             # at the head: the store's narrow reads (the console's page); up to --at: the stream
             source = (db, scope.internal(session_id)) if at is None or at >= version else events
             _replay_html(session_id, source, html_file, as_json)
-        elif any(
-            f is not None
-            for f in (compact_at, rearm_below, turn_delta, observe_only or None, max_automatic_per_episode)
+        elif (
+            without_calibration
+            or from_log
+            or any(
+                f is not None
+                for f in (compact_at, rearm_below, turn_delta, observe_only or None, max_automatic_per_episode)
+            )
         ):
             from tracker.core import Policy
 
@@ -342,7 +358,11 @@ def replay(
                 )
             except TrackerError as exc:
                 fail(exc, as_json)
-            _replay_whatif(session_id, events, policy, as_json, stream)
+            from tracker.calibrations import provider_reports
+
+            prefix = scope.prefix if scope.fleet_id is not None else None  # (the ledger keeps fleets apart anyway)
+            reports = provider_reports(db.store, fleet_prefix=prefix) if from_log else None
+            _replay_whatif(session_id, events, policy, as_json, stream, without_calibration, reports)
         else:
             _replay_states(session_id, events, at, as_json, stream)
 
@@ -368,21 +388,44 @@ def _replay_html(session_id: str, events: Any, html_file: Path, as_json: bool) -
         )
 
 
-def _replay_whatif(session_id: str, events: Any, policy: Any, as_json: bool, stream: bool) -> None:
+def _replay_whatif(
+    session_id: str,
+    events: Any,
+    policy: Any,
+    as_json: bool,
+    stream: bool,
+    uncalibrated: bool = False,
+    reports: Any = None,
+) -> None:
     from tracker.audit.replay import whatif_rows
 
-    rows = whatif_rows(events, policy, session_id)
+    rows = whatif_rows(events, policy, session_id, uncalibrated=uncalibrated, reports=reports)
     if as_json:
         print_json_lines(rows)
         return
-    changed = 0
+    changed = changed_raw = changed_log = 0
+    refold = reports is not None
 
     def table_rows() -> Any:
-        nonlocal changed
+        nonlocal changed, changed_raw, changed_log
         for row in rows:
             changed += bool(row.get("changed"))
+            changed_raw += bool(row.get("changed_uncalibrated"))
+            changed_log += bool(row.get("changed_refolded"))
             w = row["whatif"]
+            extra: tuple[Any, ...] = ()
             if row["op"] == "measure" and "error" not in w:
+                if uncalibrated:
+                    raw = row.get("uncalibrated") or {}
+                    shown = raw.get("action", raw.get("error", ""))
+                    extra = (
+                        str(w.get("input_tokens", "")),
+                        styled(str(shown), "bold yellow" if row.get("changed_uncalibrated") else ""),
+                    )
+                if refold:
+                    log = row.get("refolded") or {}
+                    shown = log.get("action", log.get("error", ""))
+                    extra += (styled(str(shown), "bold yellow" if row.get("changed_refolded") else ""),)
                 yield (
                     str(row["version"]),
                     "measure",
@@ -390,17 +433,28 @@ def _replay_whatif(session_id: str, events: Any, policy: Any, as_json: bool, str
                     styled(w["action"], "bold yellow" if row["changed"] else ""),
                     w["pressure"],
                     f"{w['compact_level']}/{w['rearm_level']}",
+                    *extra,
                 )
             else:
-                yield (str(row["version"]), row["op"], "", json.dumps(w), "", "")
+                blanks = ("", "") * uncalibrated + ("",) * refold
+                yield (str(row["version"]), row["op"], "", json.dumps(w), "", "", *blanks)
 
+    columns: tuple[str, ...] = ("v", "op", "recorded", "what-if", "pressure", "levels c/r")
+    if uncalibrated:
+        columns += ("decided on", "no calibration")
+    if refold:
+        columns += ("log's calibration",)
     print_rows(
         f"what-if for {session_id}: compact at {policy.compact_at_bp}, rearm below {policy.rearm_below_bp}",
-        ("v", "op", "recorded", "what-if", "pressure", "levels c/r"),
+        columns,
         table_rows(),
         stream=stream,
     )
     console.print(f"{plural(changed, 'decision')} would change under this policy")
+    if uncalibrated:
+        console.print(f"{plural(changed_raw, 'decision')} would change without calibration")
+    if refold:
+        console.print(f"{plural(changed_log, 'decision')} would change with the calibration folded from the log")
 
 
 def _replay_states(session_id: str, events: Any, at: int | None, as_json: bool, stream: bool) -> None:

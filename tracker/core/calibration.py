@@ -24,24 +24,40 @@ Samples
       ratio near the limit, where decisions matter.
 
 The estimate (:func:`estimate`)
-    Over the last ``window`` (64) usable samples, once there are ``min_samples`` (20):
-    the ratios ``r = billed / counted`` as exact fractions, their median ``m`` and their
-    median absolute deviation ``MAD = median(|r - m|)``; then
+    Over the last ``window`` (64) usable samples, once there are ``min_samples`` (20): a
+    provider bills a request about ``slope x counted + intercept``, where the intercept is
+    what it adds to every request whatever its size (a tool-use preamble, framing) beyond
+    what the counter counts for it. A proportional factor alone would fit large requests
+    and under-count small ones by the share of that constant (on the simulated providers,
+    the first turns of a session at 0.86-0.93 x billed). So:
 
-        ``factor = clamp(ceil_grid(m + max(MAD_MULTIPLIER * MAD, MIN_MARGIN * m)), FACTOR_MIN, FACTOR_MAX)``
+    * **the fit**: Siegel's repeated median, exact: for each sample the median slope
+      ``(billed_j - billed_i) / (counted_j - counted_i)`` to the samples of another size,
+      the slope ``a`` = the median of those, the intercept ``b`` = the median of
+      ``billed - a x counted``. When no two samples differ in size, or ``a`` or ``b`` is
+      not positive, the proportional fit instead: ``a`` = the median ratio, ``b = 0`` (a
+      counter that over-counts the constant part then over-counts small requests: the
+      conservative side);
+    * **the margin**: the residual ratios ``q = billed / (a x counted + b)``, their median
+      ``q_m`` and median absolute deviation ``MAD_q``, and ``k = q_m + max(MAD_MULTIPLIER x
+      MAD_q, MIN_MARGIN x q_m)``;
+    * **the result**: ``factor = clamp(ceil_grid(k x a), FACTOR_MIN, FACTOR_MAX)`` and
+      ``intercept = min(ceil(k x b), INTERCEPT_MAX)``; ``apply(counted)`` =
+      ``ceil(counted x factor) + intercept`` (0 for an empty request).
 
-    with ``MAD_MULTIPLIER = 3`` (about two standard deviations of a normal spread) and a
-    margin of at least ``MIN_MARGIN`` = 3 % of the median: the factor sits above most of
-    the ratios seen, so it over-counts a few percent rather than under-count. The floor
-    is there because the ratio of a request depends on its mix of content (prose, code,
-    tool output, other scripts) and 20 reports understate the tails of that mix: on the
-    simulated providers of tests/unit/test_calibration.py, ``3 MAD`` alone left fresh
-    requests up to 1.4 % under their billed count. ``ceil_grid`` rounds *up* to a
-    multiple of 1/10000 (one basis point, the grid of thresholds; the factor is stored
-    and shown as ``factor_bp``); the bounds are ``[FACTOR_MIN, FACTOR_MAX] = [1/2, 5/4]``.
-    The median of an even count is the mean of the two middle values (exact).
+    ``MAD_MULTIPLIER = 3`` (about two standard deviations of a normal spread) and a margin
+    of at least ``MIN_MARGIN`` = 3 %: the decided count sits above most of the samples'
+    billed counts, so it over-counts a few percent rather than under-count. The floor is
+    there because the ratio of a request depends on its mix of content (prose, code, tool
+    output, other scripts) and 20 reports understate the tails of that mix. ``ceil_grid``
+    rounds *up* to a multiple of 1/10000 (one basis point; the factor is stored and shown
+    as ``factor_bp``); the bounds are ``[FACTOR_MIN, FACTOR_MAX] = [1/2, 5/4]`` and
+    ``[0, INTERCEPT_MAX] = [0, 2048]`` tokens. The median of an even count is the mean of
+    the two middle values (exact). ``Calibration.median`` / ``mad`` are the plain ratios'
+    median and MAD (what ``tracker calibration`` shows), whatever the fit.
 
-    Robust: median and MAD each need half of the window to be moved arbitrarily, so a
+    Robust: the repeated median, the median and the MAD each need half of the window to be
+    moved arbitrarily, so a
     minority of hostile but plausible reports shifts the factor only within about the
     honest ratios' range; however many there are, the factor stays within the bounds,
     and absurd reports are ignored outright. What no single factor can do: a model whose
@@ -66,8 +82,9 @@ Incremental form (:class:`CalibrationState`)
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from fractions import Fraction
+from functools import cached_property
 from typing import Any
 
 from tracker.core.model import JSON_SAFE_INT, QUALITY_HEURISTIC, ceil_div, is_int
@@ -80,6 +97,7 @@ __all__ = [
     "FACTOR_GRID",
     "FACTOR_MAX",
     "FACTOR_MIN",
+    "INTERCEPT_MAX",
     "MAD_MULTIPLIER",
     "MIN_MARGIN",
     "MIN_COUNTED",
@@ -113,6 +131,8 @@ FACTOR_MIN = Fraction(1, 2)
 FACTOR_MAX = Fraction(5, 4)
 #: the factor is rounded up to a multiple of 1 / FACTOR_GRID (one basis point)
 FACTOR_GRID = 10_000
+#: the fitted constant per request (the intercept, in tokens) never leaves [0, INTERCEPT_MAX]
+INTERCEPT_MAX = 2 * MIN_COUNTED
 #: factor = median + max(MAD_MULTIPLIER x MAD, MIN_MARGIN x median) (before rounding and bounds)
 MAD_MULTIPLIER = 3
 MIN_MARGIN = Fraction(3, 100)
@@ -187,6 +207,7 @@ class Calibration:
     median: Fraction  # median billed/counted of those samples
     mad: Fraction  # their median absolute deviation
     bounded: bool = False  # true when the bounds cut the estimate
+    intercept: int = 0  # tokens the provider adds to every request beyond factor x counted (>= 0)
 
     def __post_init__(self) -> None:
         if not isinstance(self.factor, Fraction) or not FACTOR_MIN <= self.factor <= FACTOR_MAX:
@@ -195,6 +216,8 @@ class Calibration:
             raise InvalidInput("factor", f"must be a multiple of 1/{FACTOR_GRID}, got {self.factor}")
         if not is_int(self.samples) or self.samples <= 0:
             raise InvalidInput("samples", f"must be a positive integer, got {self.samples!r}")
+        if not is_int(self.intercept) or not 0 <= self.intercept <= INTERCEPT_MAX:
+            raise InvalidInput("intercept", f"must be an integer in [0, {INTERCEPT_MAX}], got {self.intercept!r}")
 
     @property
     def factor_bp(self) -> int:
@@ -209,6 +232,7 @@ class Calibration:
             "median": str(self.median),
             "mad": str(self.mad),
             "bounded": self.bounded,
+            "intercept": self.intercept,
         }
 
     @classmethod
@@ -230,6 +254,7 @@ class Calibration:
             median=median,
             mad=mad,
             bounded=bool(data.get("bounded", False)),
+            intercept=data.get("intercept", 0),  # absent in decisions recorded before the affine fit
         )
 
 
@@ -258,16 +283,98 @@ def _check_params(min_samples: Any, window: Any) -> None:
         raise InvalidInput("window", f"must be an integer >= min_samples ({min_samples}), got {window!r}")
 
 
+def _median_of(values: Iterable[Any], exact: Any = Fraction) -> Fraction:
+    """The exact median of unsorted numbers, sorted by their float values (cheap comparisons).
+
+    ``values``: fractions, or ``(p, q)`` pairs with ``q > 0`` read as ``p / q`` (``exact`` builds
+    the fraction of one, only for the middle ones). Rounding keeps order (``x < y`` gives
+    ``float(x) <= float(y)``; Python's ``int / int`` is correctly rounded), so only a run of equal
+    floats can be out of exact order, and the run around a middle position is sorted exactly:
+    the result is the same as sorting the fractions themselves."""
+    pairs = exact is not Fraction
+    keyed = sorted(values, key=(lambda pq: pq[0] / pq[1]) if pairs else float)
+    floats = [p / q for p, q in keyed] if pairs else [float(v) for v in keyed]
+
+    def at(i: int) -> Fraction:
+        lo = hi = i
+        while lo > 0 and floats[lo - 1] == floats[i]:
+            lo -= 1
+        while hi < len(floats) and floats[hi] == floats[i]:
+            hi += 1
+        if hi - lo == 1:
+            return exact(keyed[i])
+        return sorted(exact(v) for v in keyed[lo:hi])[i - lo]
+
+    mid = len(keyed) // 2
+    return at(mid) if len(keyed) % 2 else (at(mid - 1) + at(mid)) / 2
+
+
+def _quotient(pq: tuple[int, int]) -> Fraction:
+    return Fraction(*pq)
+
+
+def _ratio_fit(recent: Sequence[CalibrationSample]) -> tuple[Fraction, Fraction]:
+    """The proportional fit: slope = the median ratio, no intercept."""
+    return _median_of(s.ratio for s in recent), Fraction(0)
+
+
+def _affine_fit(recent: Sequence[CalibrationSample]) -> tuple[Fraction, Fraction]:
+    """``billed ~ slope x counted + intercept`` by Siegel's repeated median (50 % breakdown point).
+
+    The slope: for each sample, the median slope to every sample of another size; then the
+    median of those. The intercept: the median of ``billed - slope x counted``. Falls back to the
+    proportional fit when no two samples differ in size, or when the slope or the intercept is
+    not positive (a counter over-counting the constant part: then the proportional fit over-counts
+    small requests, which is the conservative side)."""
+    per_sample = []
+    for s in recent:
+        # (billed_t - billed_s) / (counted_t - counted_s), the denominator made positive
+        slopes = [
+            (t.billed - s.billed, t.counted - s.counted)
+            if t.counted > s.counted
+            else (s.billed - t.billed, s.counted - t.counted)
+            for t in recent
+            if t.counted != s.counted
+        ]
+        if slopes:
+            per_sample.append(_median_of(slopes, _quotient))
+    if not per_sample:
+        return _ratio_fit(recent)
+    slope = _median_of(per_sample)
+    if slope <= 0:
+        return _ratio_fit(recent)
+    intercept = _median_of(s.billed - slope * s.counted for s in recent)
+    if intercept <= 0:
+        return _ratio_fit(recent)
+    return slope, intercept
+
+
 def _estimate_recent(recent: Sequence[CalibrationSample], min_samples: int) -> Calibration | None:
     if len(recent) < min_samples:
         return None
-    ratios = sorted(s.ratio for s in recent)
-    med = _median(ratios)
-    mad = _median(sorted(abs(r - med) for r in ratios))
-    raw = med + max(MAD_MULTIPLIER * mad, MIN_MARGIN * med)
+    ratios = [s.ratio for s in recent]
+    med = _median_of(ratios)
+    mad = _median_of(abs(r - med) for r in ratios)
+    slope, intercept = _affine_fit(recent)
+    # the residual ratios billed / fitted, and a margin over them as over the ratios before
+    residuals = [s.billed / (slope * s.counted + intercept) for s in recent]
+    q = _median_of(residuals)
+    q_mad = _median_of(abs(r - q) for r in residuals)
+    k = q + max(MAD_MULTIPLIER * q_mad, MIN_MARGIN * q)
+    raw = k * slope
     gridded = Fraction(ceil_div(raw.numerator * FACTOR_GRID, raw.denominator), FACTOR_GRID)
     factor = min(FACTOR_MAX, max(FACTOR_MIN, gridded))
-    return Calibration(factor=factor, samples=len(recent), median=med, mad=mad, bounded=factor != gridded)
+    b = k * intercept
+    raw_intercept = ceil_div(b.numerator, b.denominator)
+    fixed = min(INTERCEPT_MAX, raw_intercept)
+    return Calibration(
+        factor=factor,
+        samples=len(recent),
+        median=med,
+        mad=mad,
+        bounded=factor != gridded or fixed != raw_intercept,
+        intercept=fixed,
+    )
 
 
 def estimate(
@@ -279,12 +386,13 @@ def estimate(
 
 
 def apply(counted: int, calibration: Calibration | None) -> int:
-    """The count the core decides on: ``ceil(counted x factor)`` (capped at ``JSON_SAFE_INT``); ``counted`` without one."""
+    """The count the core decides on: ``ceil(counted x factor) + intercept`` (0 for an empty request,
+    capped at ``JSON_SAFE_INT``); ``counted`` itself without a calibration."""
     _count("input_tokens", counted, positive=False)
-    if calibration is None:
+    if calibration is None or counted == 0:
         return counted
     f = calibration.factor
-    return min(JSON_SAFE_INT, ceil_div(counted * f.numerator, f.denominator))
+    return min(JSON_SAFE_INT, ceil_div(counted * f.numerator, f.denominator) + calibration.intercept)
 
 
 def drift(
@@ -325,13 +433,17 @@ class CalibrationState:
     recent: tuple[CalibrationSample, ...] = ()
     seen: int = 0  # samples folded in, usable or not
     ignored: int = 0  # of them, the ones the estimator ignores
-    calibration: Calibration | None = field(default=None, init=False, compare=False)
 
     def __post_init__(self) -> None:
         _check_params(self.min_samples, self.window)
         if len(self.recent) > self.window or not all(s.usable for s in self.recent):
             raise InvalidInput("recent", f"must hold at most {self.window} usable samples")
-        object.__setattr__(self, "calibration", _estimate_recent(self.recent, self.min_samples))
+
+    @cached_property
+    def calibration(self) -> Calibration | None:
+        """The estimate of ``recent`` (computed once, when first asked: a catch-up folding many
+        reports pays for one estimate, not one per report)."""
+        return _estimate_recent(self.recent, self.min_samples)
 
     def fold(self, sample: CalibrationSample) -> CalibrationState:
         if not isinstance(sample, CalibrationSample):

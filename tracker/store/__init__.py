@@ -32,7 +32,7 @@ from tracker.store.fleets import FleetStore
 from tracker.store.memory import MemoryEventStore
 from tracker.store.migrate import check_schema, current_revision, head_revision, upgrade
 from tracker.store.sql import SqlEventStore
-from tracker.store.verify import verify_projections
+from tracker.store.verify import verify_decisions, verify_projections
 from tracker.store.views import SqlSessionViews
 
 __all__ = [
@@ -55,5 +55,6 @@ __all__ = [
     "map_db_errors",
     "open_store",
     "upgrade",
+    "verify_decisions",
     "verify_projections",
 ]

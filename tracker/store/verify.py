@@ -9,9 +9,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from tracker.core.calibration import Calibration, apply
+from tracker.core.events import ContextMeasured, event_from_data
+from tracker.errors import TrackerError
 from tracker.store.base import PROJECTION_COLUMNS, EventStore, Projector
 
-__all__ = ["verify_projections"]
+__all__ = ["verify_decisions", "verify_projections"]
+
+BATCH = 1000
 
 
 def _normal(value: Any) -> Any:
@@ -57,3 +62,62 @@ def verify_projections(store: EventStore, projector: Projector) -> list[dict[str
             if row[name] != want:
                 diffs.append({"session_id": sid, "field": name, "stored": row[name], "expected": want})
     return diffs
+
+
+def _decision_diff(e: ContextMeasured) -> tuple[str, Any, Any] | None:
+    """(field, recorded, expected) when a measurement's decision contradicts its own record, else None."""
+    m = e.measurement
+    raw, limit = m["input_tokens"], m["input_limit"]
+    if e.input_tokens is None:  # recorded before calibration: decided on the raw count
+        return None
+    try:
+        calibration = Calibration.from_data(e.calibration) if e.calibration is not None else None
+    except TrackerError as exc:
+        return "calibration", e.calibration, f"a calibration ({exc})"
+    expected = apply(raw, calibration)
+    if e.input_tokens != expected:
+        return "input_tokens", e.input_tokens, expected
+    if e.input_limit is not None and not 0 < e.input_limit <= limit:
+        return "input_limit", e.input_limit, f"in [1, {limit}] (the measurement's limit)"
+    return None
+
+
+def verify_decisions(store: EventStore) -> list[dict[str, Any]]:
+    """Check every ``ContextMeasured`` against itself: the count it decided on is its raw count
+    corrected by the calibration it records (``calibration.apply``), and the limit it decided
+    against is at most the measurement's (a learned limit is only ever lower). One pass over the
+    log's measurements. Differences are ``{"session_id", "version", "field", "stored", "expected"}``."""
+    diffs: list[dict[str, Any]] = []
+    position = 0
+    while True:
+        batch = store.read_all(position, BATCH, types=["ContextMeasured"])
+        for stored in batch:
+            try:
+                event = event_from_data(stored.type, stored.data)
+            except TrackerError as exc:
+                diffs.append(
+                    {
+                        "session_id": stored.session_id,
+                        "version": stored.version,
+                        "field": "event",
+                        "stored": stored.type,
+                        "expected": str(exc),
+                    }
+                )
+                continue
+            diff = _decision_diff(event)  # type: ignore[arg-type]
+            if diff is not None:
+                field, recorded, expected = diff
+                diffs.append(
+                    {
+                        "session_id": stored.session_id,
+                        "version": stored.version,
+                        "field": field,
+                        "stored": recorded,
+                        "expected": expected,
+                    }
+                )
+        if batch:
+            position = batch[-1].position
+        if len(batch) < BATCH:
+            return diffs

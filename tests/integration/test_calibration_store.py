@@ -1,0 +1,107 @@
+"""Calibration on the real backends (SQLite and PostgreSQL): a calibrated session's log verifies
+and replays exactly, old measurements recorded before calibration still fold and verify (across a
+downgrade to 0008 and back), and a decision contradicting its own calibration is a difference."""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+from tests.support.cli import Cli, clean_env
+from tests.support.provider_loop import COUNTING, MODEL, observe_session, train
+from tracker.audit.replay import whatif_rows
+from tracker.bench.sim_provider import ANTHROPIC_LIKE, CODING_AGENT, SimProvider, session
+from tracker.calibrations import ledger_of
+from tracker.core.state import SessionProjector
+from tracker.queries import verify
+from tracker.service import Tracker
+from tracker.settings import normalize_database_url
+from tracker.store import NewEvent, migrate, open_store
+
+PRE_CALIBRATION = "0008"
+
+
+def _store(url: str) -> Any:
+    return open_store(normalize_database_url(url), projector=SessionProjector())
+
+
+def _old_measured(event: dict[str, Any]) -> dict[str, Any]:
+    """A ContextMeasured as recorded before calibration: version 1, no decided count, limit or calibration."""
+    old = {k: v for k, v in event.items() if k not in ("input_tokens", "input_limit", "calibration", "rejected")}
+    old["v"] = 1
+    return old
+
+
+def test_a_calibrated_log_verifies_replays_and_old_measurements_still_fold(db_url: str) -> None:
+    migrate.upgrade(db_url)
+    store = _store(db_url)
+    t = Tracker(store, counting=COUNTING)
+    rng = random.Random("store")
+    train(t, "fS", MODEL, ANTHROPIC_LIKE, CODING_AGENT, rng)
+    run = observe_session(t, "fS:s", MODEL, SimProvider(ANTHROPIC_LIKE), session(rng, CODING_AGENT, 8))
+    assert run.pairs
+    t.report_rejection("fS:s", basis="m3", message="prompt is too long: 171234 tokens > 170000 maximum")
+    assert all(not r["changed"] for r in whatif_rows(t.history("fS:s"), t.policy, "fS:s") if r["op"] == "measure")
+    # an old session: measurements as recorded before calibration existed
+    current = [e for e in t.history("fS:train-0") if e.type in ("SessionStarted", "ContextMeasured")][:3]
+    old = [NewEvent(e.type, _old_measured(e.data) if e.type == "ContextMeasured" else e.data) for e in current]
+    store.append("old-session", 0, old)
+    assert verify(store) == {"ok": True, "sessions": verify(store)["sessions"], "differences": []}
+    before = ledger_of(store).summaries()
+    state = t.state("old-session")
+    store.close()
+
+    # down to the schema before provider reports (0009's partial index) and back up: same log, same answers
+    assert any(r.startswith(PRE_CALIBRATION) for r in migrate.revisions())
+    migrate.downgrade(db_url, next(r for r in migrate.revisions() if r.startswith(PRE_CALIBRATION)))
+    migrate.upgrade(db_url)
+    store = _store(db_url)
+    try:
+        assert verify(store)["ok"]
+        assert ledger_of(store).summaries() == before
+        assert Tracker(store).state("old-session") == state
+        rows = list(whatif_rows(store.read_stream("old-session"), t.policy, "old-session"))
+        assert rows and not any(r["changed"] for r in rows if r["op"] == "measure")
+    finally:
+        store.close()
+
+
+def test_verify_reports_a_decision_that_contradicts_its_own_calibration(sqlite_url: str) -> None:
+    migrate.upgrade(sqlite_url)
+    store = _store(sqlite_url)
+    t = Tracker(store, counting=COUNTING)
+    rng = random.Random("tamper")
+    train(t, "fT", MODEL, ANTHROPIC_LIKE, CODING_AGENT, rng)
+    observe_session(t, "fT:s", MODEL, SimProvider(ANTHROPIC_LIKE), session(rng, CODING_AGENT, 2))
+    measured = [e for e in t.history("fT:s") if e.type == "ContextMeasured"]
+    good = measured[-1].data
+    assert good["calibration"] is not None
+    tampered = {**good, "input_tokens": good["input_tokens"] - 1000}  # decided below what its factor gives
+    started = next(e for e in t.history("fT:s") if e.type == "SessionStarted")
+    store.append("fT:forged", 0, [NewEvent("SessionStarted", started.data), NewEvent("ContextMeasured", tampered)])
+    high_limit = {**good, "input_limit": good["measurement"]["input_limit"] + 1}
+    store.append("fT:forged", 2, [NewEvent("ContextMeasured", high_limit)])
+    report = verify(store)
+    assert not report["ok"]
+    fields = {(d["session_id"], d["version"], d["field"]) for d in report["differences"]}
+    assert fields == {("fT:forged", 2, "input_tokens"), ("fT:forged", 3, "input_limit")}
+    # the CLI says so too, and the history shows the provider's rejection recorded earlier elsewhere
+    t.report_rejection("fT:s", basis="m1", message="prompt is too long: 201234 tokens > 200000 maximum")
+    cli = Cli(clean_env(TRACKER_DATABASE_URL=sqlite_url))
+    out = cli.run("verify", "--json", ok=False)
+    assert json.loads(out.stdout)["ok"] is False
+    history = cli.run("history", "fT:s").stdout
+    assert "ProviderRejected" in history
+    lines = cli.lines("history", "fT:s", "--json")
+    assert [x for x in lines if x.get("type") == "ProviderRejected"]
+    # replay with and without calibration, side by side
+    table = cli.run("replay", "fT:s", "--without-calibration").stdout
+    assert "no calibration" in table and "0 decisions would change under this policy" in table
+    rows = [r for r in cli.lines("replay", "fT:s", "--without-calibration", "--json") if r["op"] == "measure"]
+    assert rows and all(not r["changed"] and r["uncalibrated"]["action"] == "proceed" for r in rows)
+    table = cli.run("replay", "fT:s", "--without-calibration", "--calibration-from-log").stdout
+    assert "log's calibration" in table and "0 decisions would change with the calibration folded from" in table
+    rows = [r for r in cli.lines("replay", "fT:s", "--calibration-from-log", "--json") if r["op"] == "measure"]
+    assert rows and all(r["refolded"]["calibration"] == r["whatif"]["calibration"] for r in rows)
+    store.close()
