@@ -428,22 +428,6 @@ class Tracker:
         ``UsageReported`` event, and a calibration sample for the measured model. ``basis`` is one
         this session measured (a bare one: at the current revision); ``model``, when given, must be
         the measured one. Bad input raises ``InvalidInput`` naming the field and writes nothing."""
-        check_session_id(session_id)
-        outcome, version = self._record(
-            session_id,
-            lambda st: decide_usage(
-                st,
-                basis=basis,
-                input_tokens=input_tokens,
-                model=model,
-                output_tokens=output_tokens,
-                cache_read_tokens=cache_read_tokens,
-                cache_write_tokens=cache_write_tokens,
-                now=self.clock(),
-            ),
-            idempotency_key,
-            op="usage",
-        )
         given = dict(
             basis=basis,
             input_tokens=input_tokens,
@@ -452,7 +436,7 @@ class Tracker:
             cache_read_tokens=cache_read_tokens,
             cache_write_tokens=cache_write_tokens,
         )
-        return self._reported(session_id, version, outcome, given if idempotency_key is not None else None)
+        return self._report(session_id, "usage", decide_usage, given, idempotency_key)
 
     @_command("rejection")
     def report_rejection(
@@ -471,27 +455,17 @@ class Tracker:
         (Anthropic, OpenAI and Gemini wordings) unless given. From then on that basis decides at the
         hard limit (compact if an automatic attempt is eligible, else ``ContextLimitError``), the
         numbers are a calibration sample, and a lower limit is learned for the model."""
-        check_session_id(session_id)
-        outcome, version = self._record(
-            session_id,
-            lambda st: decide_rejection(
-                st,
-                basis=basis,
-                message=message,
-                input_tokens=input_tokens,
-                input_limit=input_limit,
-                model=model,
-                now=self.clock(),
-            ),
-            idempotency_key,
-            op="rejection",
-        )
         given = dict(basis=basis, message=message, input_tokens=input_tokens, input_limit=input_limit, model=model)
-        return self._reported(session_id, version, outcome, given if idempotency_key is not None else None)
+        return self._report(session_id, "rejection", decide_rejection, given, idempotency_key)
 
-    def _reported(self, session_id: str, version: int, outcome: Outcome, given: dict[str, Any] | None) -> Report:
+    def _report(
+        self, session_id: str, op: str, decide: Callable[..., Outcome], given: dict[str, Any], key: str | None
+    ) -> Report:
+        """A usage report or a rejection: ``decide(state, now=..., **given)`` recorded, then noted by calibration."""
+        check_session_id(session_id)
+        outcome, version = self._record(session_id, lambda st: decide(st, now=self.clock(), **given), key, op=op)
         event: Any = next(e for e in outcome.events if isinstance(e, (UsageReported, ProviderRejected)))
-        if given is not None:  # a key reused for another report is refused, not answered with the old one
+        if key is not None:  # a key reused for another report is refused, not answered with the old one
             same_report(event, given)
         # this process decides with its own report from the next call on (not only once the log's
         # safe horizon has passed it)
