@@ -18,13 +18,14 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from tracker.bench.procs import barrier_pool, create_scratch_db, drop_scratch_db, wait_at_start_line
-from tracker.bench.stats import latency_ms, ratio, throughput
+from tracker.bench.stats import latency_ms, over_rounds, ratio, throughput
 from tracker.settings import normalize_database_url
 
 if TYPE_CHECKING:  # pragma: no cover
     from tracker.settings import Settings
 
 PROCESS_COUNTS = (1, 4, 16)
+ROUNDS = 3  # windows per process count; the figures are their medians
 
 
 def _observer(args: tuple[str, str | None, str, float]) -> tuple[int, list[float]]:
@@ -80,7 +81,11 @@ def run_service_bench(
     raw_insert_per_s: dict[str, float] | None = None,
     process_counts: tuple[int, ...] = PROCESS_COUNTS,
 ) -> dict[str, Any]:
-    """observe/s and p50/p99 per process count, next to the store bench's raw INSERT baseline."""
+    """observe/s and p50/p99 per process count, next to the store bench's raw INSERT baseline.
+
+    Each process count is measured ``ROUNDS`` times on the same pool of processes; its figures
+    are the medians of the rounds (``[min, max]`` under ``spread``).
+    """
     from tracker.store import upgrade
 
     duration = 1.0 if quick else 4.0
@@ -88,16 +93,26 @@ def run_service_bench(
     db_url = normalize_database_url(url)
     try:
         upgrade(db_url)
-        out: dict[str, Any] = {"processes": {}, "observe_vs_raw": {}, "redis": bool(redis_url)}
+        out: dict[str, Any] = {"processes": {}, "observe_vs_raw": {}, "redis": bool(redis_url), "rounds": ROUNDS}
+        spread: dict[str, Any] = {}
         for n in process_counts:
-            args = [(db_url, redis_url, f"svc-{n}-{uuid.uuid4().hex[:6]}-{i}", duration) for i in range(n)]
+            measured = []
             with barrier_pool(n) as pool:
-                results = pool.map(_observer, args, chunksize=1)
-            lat = [x for r in results for x in r[1]]
-            out["processes"][str(n)] = {
-                "observe_per_s": round(throughput(sum(r[0] for r in results), duration)),
-                **latency_ms(lat),
-            }
+                for r in range(ROUNDS):
+                    args = [(db_url, redis_url, f"svc-{n}-{r}-{uuid.uuid4().hex[:6]}-{i}", duration) for i in range(n)]
+                    results = pool.map(_observer, args, chunksize=1)
+                    lat = [x for res in results for x in res[1]]
+                    measured.append(
+                        {
+                            "observe_per_s": round(throughput(sum(res[0] for res in results), duration)),
+                            **latency_ms(lat),
+                        }
+                    )
+            figures = over_rounds(measured)
+            spread[str(n)] = figures.pop("spread")
+            figures.pop("rounds")
+            out["processes"][str(n)] = figures
+        out["spread"] = {"processes": spread}
     finally:
         drop_scratch_db(pg_url, name)
     if raw_insert_per_s is None:  # the baseline comes from the store bench, run now in this same run
