@@ -172,7 +172,7 @@ def run_http_bench(pg_url: str, redis_url: str | None, quick: bool = False, roun
     from tracker.service import Tracker
     from tracker.store import upgrade
 
-    n = 300 if quick else 3000
+    n = 300 if quick else 1000  # per round
     warmup = 30
     run = uuid.uuid4().hex[:8]
     name, url = create_scratch_db(pg_url, "ct_bench")
