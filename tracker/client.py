@@ -18,19 +18,29 @@ Behaviour on the wire:
   ``count_timeout`` are retried with exponential backoff (``retries`` times); every other
   error is raised at once as the same typed error the embedded ``Tracker`` raises;
 * ``wait`` long-polls (at most 30 s per request) until the attempt ends or ``timeout``.
+
+Transport: plain HTTP/1.1 on kept-alive connections of the client's own (a socket per
+connection, one small response parser for both clients), which costs a call a fraction of
+a general-purpose client's CPU. httpx is used instead when it has something to add: a
+``transport=`` given (an ``httpx.MockTransport`` in tests, say), a proxy the environment
+names for the URL (``HTTP(S)_PROXY``, ``NO_PROXY``), or (async) an event loop other than
+asyncio's. HTTPS takes httpx's own TLS context (its certificates, ``SSL_CERT_FILE``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import random
+import socket
+import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Generic, Literal, TypeVar, Unpack
-from urllib.parse import quote
+from urllib.parse import quote, urlencode, urlsplit
 
 import httpx
 
@@ -100,7 +110,7 @@ def _event(data: dict[str, Any]) -> StoredEvent:
     )
 
 
-def _error(response: httpx.Response) -> TrackerError:
+def _error(response: _Answer) -> TrackerError:
     try:
         body = response.json()
     except ValueError:
@@ -112,7 +122,7 @@ def _error(response: httpx.Response) -> TrackerError:
     )
 
 
-def _retryable(response: httpx.Response) -> bool:
+def _retryable(response: _Answer) -> bool:
     if response.status_code not in RETRY_STATUSES:
         return False
     if response.status_code == 504:  # the tracker's own count_timeout is a recorded answer, not a glitch
@@ -319,6 +329,370 @@ def _sessions_pages(pressure: str | None, since: datetime | float | None, page_s
     )
 
 
+# -- the wire: HTTP/1.1 on kept-alive connections, or httpx ----------------------------------------
+
+MAX_HEAD_LINE = 65_536
+MAX_HEAD_LINES = 200
+KEEP_IDLE = 20  # connections kept open between calls (httpx's default keep-alive limit)
+
+
+class _Answer:
+    """A response: its status and body (what the clients read of it, from either wire)."""
+
+    __slots__ = ("content", "status_code")
+
+    def __init__(self, status_code: int, content: bytes) -> None:
+        self.status_code, self.content = status_code, content
+
+    def json(self) -> Any:
+        return json.loads(self.content)
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", "replace")
+
+
+class _Unreachable(Exception):
+    """The request did not get an answer: connection refused or lost, timeout, a garbled response."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(f"{type(cause).__name__}: {cause}")
+        self.cause = cause
+
+
+def _encode(call: _Call) -> tuple[str, bytes | None]:
+    """The request target (path and query) and the JSON body of ``call`` (``json.dumps`` refuses NaN, as httpx does)."""
+    target = call.path if not call.params else f"{call.path}?{urlencode(call.params)}"
+    if call.json is None:
+        return target, None
+    return target, json.dumps(call.json, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+
+
+class _Head:
+    """What the status line and headers of a response say about reading it (sans I/O: both wires parse with this)."""
+
+    __slots__ = ("chunked", "close", "length", "status")
+
+    def __init__(self, status_line: bytes) -> None:
+        parts = status_line.split(None, 2)
+        if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
+            raise ValueError(f"not an HTTP/1.x status line: {status_line[:100]!r}")
+        self.status = int(parts[1])
+        self.close = parts[0] == b"HTTP/1.0"  # unless it says keep-alive
+        self.length: int | None = None
+        self.chunked = False
+
+    def header(self, line: bytes) -> None:
+        name, sep, value = line.partition(b":")
+        if not sep:
+            raise ValueError(f"not a header line: {line[:100]!r}")
+        name, value = name.strip().lower(), value.strip().lower()
+        if name == b"content-length":
+            self.length = int(value)
+            if self.length < 0:
+                raise ValueError("negative content-length")
+        elif name == b"transfer-encoding":
+            self.chunked = value.endswith(b"chunked")
+        elif name == b"connection":
+            tokens = {t.strip() for t in value.split(b",")}
+            if b"close" in tokens:
+                self.close = True
+            elif b"keep-alive" in tokens:
+                self.close = False
+
+    @property
+    def informational(self) -> bool:
+        return 100 <= self.status < 200
+
+    @property
+    def bodiless(self) -> bool:
+        return self.status in (204, 304) or self.informational
+
+
+def _line(raw: bytes) -> bytes:
+    if not raw.endswith(b"\n"):
+        raise ValueError("the connection closed mid-response" if len(raw) < MAX_HEAD_LINE else "a header line too long")
+    return raw
+
+
+class _Origin:
+    """Where the requests go: host, port, TLS, the path prefix, and the fixed part of every request head."""
+
+    def __init__(self, base_url: str, headers: dict[str, str]) -> None:
+        url = urlsplit(base_url)
+        if url.scheme not in ("http", "https") or not url.hostname:
+            raise InvalidInput("base_url", f"must be an http:// or https:// URL, got {base_url!r}")
+        self.url = base_url
+        self.tls = url.scheme == "https"
+        self.host = url.hostname
+        self.port = url.port or (443 if self.tls else 80)
+        self.prefix = url.path.rstrip("/")
+        default_port = self.port == (443 if self.tls else 80)
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        fixed = {"Host": host if default_port else f"{host}:{self.port}", "Accept": "*/*", **headers}
+        self.fixed = "".join(f"{k}: {v}\r\n" for k, v in fixed.items()).encode("latin-1")
+
+    def head(self, method: str, target: str, body: bytes | None) -> bytes:
+        line = f"{method} {self.prefix}{target} HTTP/1.1\r\n".encode()
+        if body is None:
+            return line + self.fixed + b"\r\n"
+        sized = b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)
+        return line + self.fixed + sized
+
+    def ssl_context(self) -> Any:
+        return httpx.create_ssl_context(verify=True, trust_env=True) if self.tls else None
+
+    def proxied(self) -> bool:
+        """Whether the environment names a proxy for this URL (httpx, which honours it, then carries the calls)."""
+        from urllib.request import getproxies, proxy_bypass
+
+        proxies = getproxies()
+        if not (proxies.get("https" if self.tls else "http") or proxies.get("all")):
+            return False
+        return not proxy_bypass(f"{self.host}:{self.port}")
+
+
+class _SocketConnection:
+    """One kept-alive HTTP/1.1 connection of the sync client."""
+
+    def __init__(self, origin: _Origin, timeout: float, ssl_context: Any) -> None:
+        sock = socket.create_connection((origin.host, origin.port), timeout=timeout)
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if ssl_context is not None:
+                sock = ssl_context.wrap_socket(sock, server_hostname=origin.host)
+        except BaseException:
+            sock.close()
+            raise
+        self.sock = sock
+        self.file = sock.makefile("rb")
+
+    def stale(self) -> bool:
+        """The server closed it (or sent something unasked) while it was idle."""
+        import select
+
+        try:
+            readable, _, _ = select.select([self.sock], [], [], 0)
+        except (OSError, ValueError):
+            return True
+        return bool(readable)
+
+    def exchange(self, head: bytes, body: bytes | None) -> tuple[_Answer, bool]:
+        """Send one request, read its response: (the answer, whether the connection can be reused)."""
+        self.sock.sendall(head + body if body is not None else head)
+        f = self.file
+        while True:
+            meta = _Head(_line(f.readline(MAX_HEAD_LINE)))
+            for _ in range(MAX_HEAD_LINES):
+                raw = _line(f.readline(MAX_HEAD_LINE))
+                if raw in (b"\r\n", b"\n"):
+                    break
+                meta.header(raw)
+            else:
+                raise ValueError("too many header lines")
+            if not meta.informational:
+                break
+        if meta.bodiless:
+            content = b""
+        elif meta.chunked:
+            parts = []
+            while True:
+                size = int(_line(f.readline(MAX_HEAD_LINE)).split(b";", 1)[0].strip(), 16)
+                if size == 0:
+                    while _line(f.readline(MAX_HEAD_LINE)) not in (b"\r\n", b"\n"):
+                        pass
+                    break
+                parts.append(self._exactly(size))
+                _line(f.readline(MAX_HEAD_LINE))
+            content = b"".join(parts)
+        elif meta.length is not None:
+            content = self._exactly(meta.length)
+        else:
+            content, meta.close = f.read(), True
+        return _Answer(meta.status, content), not meta.close
+
+    def _exactly(self, n: int) -> bytes:
+        data = self.file.read(n)
+        if len(data) != n:
+            raise ValueError("the connection closed mid-body")
+        return data
+
+    def close(self) -> None:
+        try:
+            self.file.close()
+            self.sock.close()
+        except OSError:  # pragma: no cover - closing a broken socket
+            pass
+
+
+class _SyncWire:
+    """The sync client's connections: any thread takes an idle one (or opens one) for a call."""
+
+    def __init__(self, origin: _Origin, timeout: float) -> None:
+        self.origin, self.timeout = origin, timeout
+        self._ssl = origin.ssl_context()
+        self._idle: list[_SocketConnection] = []
+        self._lock = threading.Lock()
+
+    def send(self, method: str, target: str, body: bytes | None) -> _Answer:
+        head = self.origin.head(method, target, body)
+        while True:
+            with self._lock:
+                conn = self._idle.pop() if self._idle else None
+            reused = conn is not None
+            if conn is not None and conn.stale():
+                conn.close()
+                continue
+            try:
+                if conn is None:
+                    conn = _SocketConnection(self.origin, self.timeout, self._ssl)
+                answer, keep = conn.exchange(head, body)
+            except (OSError, ValueError) as exc:
+                if conn is not None:
+                    conn.close()
+                if reused and isinstance(exc, (ConnectionError, ValueError)) and not isinstance(exc, TimeoutError):
+                    continue  # a kept-alive connection the server had just closed: once more on a new one
+                raise _Unreachable(exc) from exc
+            if keep:
+                with self._lock:
+                    if len(self._idle) < KEEP_IDLE:
+                        self._idle.append(conn)
+                        conn = None
+            if conn is not None:
+                conn.close()
+            return answer
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
+
+
+class _StreamConnection:
+    """One kept-alive HTTP/1.1 connection of the async client (asyncio streams)."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+
+    @classmethod
+    async def open(cls, origin: _Origin, ssl_context: Any) -> _StreamConnection:
+        reader, writer = await asyncio.open_connection(
+            origin.host,
+            origin.port,
+            ssl=ssl_context,
+            server_hostname=origin.host if ssl_context else None,
+            limit=MAX_HEAD_LINE,
+        )
+        sock = writer.get_extra_info("socket")
+        if sock is not None:
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:  # pragma: no cover - not a TCP socket
+                pass
+        return cls(reader, writer)
+
+    def stale(self) -> bool:
+        return self.writer.is_closing() or self.reader.at_eof()
+
+    async def exchange(self, head: bytes, body: bytes | None) -> tuple[_Answer, bool]:
+        self.writer.write(head + body if body is not None else head)
+        r = self.reader
+        while True:
+            meta = _Head(_line(await r.readline()))
+            for _ in range(MAX_HEAD_LINES):
+                raw = _line(await r.readline())
+                if raw in (b"\r\n", b"\n"):
+                    break
+                meta.header(raw)
+            else:
+                raise ValueError("too many header lines")
+            if not meta.informational:
+                break
+        if meta.bodiless:
+            content = b""
+        elif meta.chunked:
+            parts = []
+            while True:
+                size = int(_line(await r.readline()).split(b";", 1)[0].strip(), 16)
+                if size == 0:
+                    while _line(await r.readline()) not in (b"\r\n", b"\n"):
+                        pass
+                    break
+                parts.append(await r.readexactly(size))
+                _line(await r.readline())
+            content = b"".join(parts)
+        elif meta.length is not None:
+            content = await r.readexactly(meta.length)
+        else:
+            content, meta.close = await r.read(), True
+        return _Answer(meta.status, content), not meta.close
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class _AsyncWire:
+    """The async client's connections, on the event loop that first used them."""
+
+    def __init__(self, origin: _Origin, timeout: float) -> None:
+        self.origin, self.timeout = origin, timeout
+        self._ssl = origin.ssl_context()
+        self._idle: list[_StreamConnection] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def send(self, method: str, target: str, body: bytes | None) -> _Answer:
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:  # connections belong to one loop: a new loop starts afresh
+            self._idle, self._loop = [], loop
+        head = self.origin.head(method, target, body)
+        while True:
+            conn = self._idle.pop() if self._idle else None
+            reused = conn is not None
+            if conn is not None and conn.stale():
+                conn.close()
+                continue
+            try:
+                async with asyncio.timeout(self.timeout):
+                    if conn is None:
+                        conn = await _StreamConnection.open(self.origin, self._ssl)
+                    answer, keep = await conn.exchange(head, body)
+            except (OSError, ValueError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as exc:
+                if conn is not None:
+                    conn.close()
+                retry = isinstance(exc, (ConnectionError, ValueError, asyncio.IncompleteReadError))
+                if reused and retry and not isinstance(exc, TimeoutError):
+                    continue  # a kept-alive connection the server had just closed: once more on a new one
+                raise _Unreachable(exc) from exc
+            except BaseException:  # cancelled mid-exchange: the connection is in an unknown state
+                if conn is not None:
+                    conn.close()
+                raise
+            if keep and len(self._idle) < KEEP_IDLE:
+                self._idle.append(conn)
+            else:
+                conn.close()
+            return answer
+
+    async def aclose(self) -> None:
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
+
+
+def _on_asyncio() -> bool:
+    """Whether the running event loop is asyncio's (the async wire's streams need it; trio's goes through httpx)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+def _httpx_answer(response: httpx.Response) -> _Answer:
+    return _Answer(response.status_code, response.content)
+
+
 TransportT = TypeVar("TransportT", httpx.BaseTransport, httpx.AsyncBaseTransport)
 
 
@@ -340,6 +714,7 @@ class _Base(Generic[TransportT]):
         self.backoff_s = backoff_s
         self.timeout = timeout
         self._headers = {"Authorization": f"Bearer {api_key}", "User-Agent": "context-tracker-client"}
+        self._origin = _Origin(self.base_url, self._headers)
         self._open(transport)
 
     def _open(self, transport: TransportT | None) -> None:
@@ -348,11 +723,12 @@ class _Base(Generic[TransportT]):
     def _delay(self, attempt: int) -> float:
         return random.uniform(0, self.backoff_s * 2**attempt)  # full jitter
 
-    def _settle(self, call: _Call, attempt: int, response: httpx.Response | None, exc: Exception | None) -> Any:
+    def _settle(self, call: _Call, attempt: int, response: _Answer | None, exc: Exception | None) -> Any:
         """The parsed answer, ``_RETRY`` to try again after a pause, or the typed error raised."""
         if response is None:
             if attempt == self.retries:
-                raise StoreUnavailable(f"the tracker could not be reached: {type(exc).__name__}: {exc}") from exc
+                cause = exc.cause if isinstance(exc, _Unreachable) else exc
+                raise StoreUnavailable(f"the tracker could not be reached: {type(cause).__name__}: {cause}") from exc
             return _RETRY
         if response.status_code in (200, 201):
             return call.parse(response.json())
@@ -368,12 +744,20 @@ class TrackerClient(_Base[httpx.BaseTransport]):
     """A ``Tracker`` over HTTP (sync). Use as a context manager or call ``close()``."""
 
     def _open(self, transport: httpx.BaseTransport | None) -> None:
-        self._http = httpx.Client(
-            base_url=self.base_url, headers=self._headers, timeout=self.timeout, transport=transport
-        )
+        self._wire: _SyncWire | None = None
+        self._http: httpx.Client | None = None
+        if transport is None and not self._origin.proxied():
+            self._wire = _SyncWire(self._origin, self.timeout)
+        else:
+            self._http = httpx.Client(
+                base_url=self.base_url, headers=self._headers, timeout=self.timeout, transport=transport
+            )
 
     def close(self) -> None:
-        self._http.close()
+        if self._wire is not None:
+            self._wire.close()
+        if self._http is not None:
+            self._http.close()
 
     def __enter__(self) -> TrackerClient:
         return self
@@ -381,11 +765,21 @@ class TrackerClient(_Base[httpx.BaseTransport]):
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
+    def _send(self, call: _Call) -> _Answer:
+        if self._wire is not None:
+            target, body = _encode(call)
+            return self._wire.send(call.method, target, body)
+        assert self._http is not None
+        try:
+            return _httpx_answer(self._http.request(call.method, call.path, json=call.json, params=call.params))
+        except httpx.TransportError as exc:
+            raise _Unreachable(exc) from exc
+
     def _run(self, call: _Call) -> Any:
         for attempt in range(self.retries + 1):
             try:
-                response = self._http.request(call.method, call.path, json=call.json, params=call.params)
-            except httpx.TransportError as exc:
+                response = self._send(call)
+            except _Unreachable as exc:
                 answer = self._settle(call, attempt, None, exc)
             else:
                 answer = self._settle(call, attempt, response, None)
@@ -483,12 +877,24 @@ class AsyncTrackerClient(_Base[httpx.AsyncBaseTransport]):
     """A ``Tracker`` over HTTP for asyncio code: the same methods, awaited."""
 
     def _open(self, transport: httpx.AsyncBaseTransport | None) -> None:
-        self._http = httpx.AsyncClient(
-            base_url=self.base_url, headers=self._headers, timeout=self.timeout, transport=transport
-        )
+        self._transport = transport
+        self._wire: _AsyncWire | None = None
+        self._http: httpx.AsyncClient | None = None
+        if transport is None and not self._origin.proxied():
+            self._wire = _AsyncWire(self._origin, self.timeout)
+
+    def _httpx(self) -> httpx.AsyncClient:
+        if self._http is None:
+            self._http = httpx.AsyncClient(
+                base_url=self.base_url, headers=self._headers, timeout=self.timeout, transport=self._transport
+            )
+        return self._http
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        if self._wire is not None:
+            await self._wire.aclose()
+        if self._http is not None:
+            await self._http.aclose()
 
     async def __aenter__(self) -> AsyncTrackerClient:
         return self
@@ -496,11 +902,24 @@ class AsyncTrackerClient(_Base[httpx.AsyncBaseTransport]):
     async def __aexit__(self, *exc: Any) -> None:
         await self.aclose()
 
+    def _send(self, call: _Call) -> Awaitable[_Answer]:
+        if self._wire is not None and _on_asyncio():
+            target, body = _encode(call)
+            return self._wire.send(call.method, target, body)
+        return self._send_httpx(call)
+
+    async def _send_httpx(self, call: _Call) -> _Answer:
+        try:
+            response = await self._httpx().request(call.method, call.path, json=call.json, params=call.params)
+        except httpx.TransportError as exc:
+            raise _Unreachable(exc) from exc
+        return _httpx_answer(response)
+
     async def _run(self, call: _Call) -> Any:
         for attempt in range(self.retries + 1):
             try:
-                response = await self._http.request(call.method, call.path, json=call.json, params=call.params)
-            except httpx.TransportError as exc:
+                response = await self._send(call)
+            except _Unreachable as exc:
                 answer = self._settle(call, attempt, None, exc)
             else:
                 answer = self._settle(call, attempt, response, None)

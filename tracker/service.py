@@ -199,8 +199,13 @@ class Tracker:
         decide: Callable[[SessionState], Outcome],
         idempotency_key: str | None = None,
         op: str = "observe",
+        looked_up: bool = False,
     ) -> tuple[Outcome, int]:
         """Load → decide → append; on a version conflict, decide again on the state that won.
+
+        ``looked_up``: the caller has just looked for a call recorded under ``idempotency_key``
+        and found none (observe does, before counting): not looked for again here, since an
+        append under a key a racing call took in between is answered by the store as a replay.
 
         The first try decides on the state this process last recorded, without a lock (the
         store's version check guards it). A refusal or a no-op decided on that cached state is
@@ -210,6 +215,7 @@ class Tracker:
         """
         if idempotency_key is not None:
             check_text("idempotency_key", idempotency_key)  # before it reaches the database
+        if idempotency_key is not None and not looked_up:
             # A retried call (commit, reject, manual, observe) gets its original answer, not a new decision.
             replay = recorded_answer(self.store, session_id, idempotency_key, op, decide)
             if replay is not None:
@@ -407,6 +413,7 @@ class Tracker:
             ),
             idempotency_key,
             op="observe",
+            looked_up=idempotency_key is not None,  # looked for above, before counting
         )
         return Result(session_id=session_id, version=version, decision=_decision(outcome, session_id))
 
@@ -541,13 +548,22 @@ class Tracker:
         return self._end_attempt(session_id, "reject", end, idempotency_key)
 
     def _record_opening(
-        self, session_id: str, decide: Callable[..., Outcome], idempotency_key: str | None, op: str
+        self,
+        session_id: str,
+        decide: Callable[..., Outcome],
+        idempotency_key: str | None,
+        op: str,
+        looked_up: bool = False,
     ) -> tuple[Outcome, int]:
         """``_record`` for an observe or a manual request: ``decide(state, now=..., new_attempt_id=...)``
         (the attempt it may open has one new id, the same on every retry), its refusal raised after it."""
         attempt_id = self.new_id()
         outcome, version = self._record(
-            session_id, lambda st: decide(st, now=self.clock(), new_attempt_id=attempt_id), idempotency_key, op=op
+            session_id,
+            lambda st: decide(st, now=self.clock(), new_attempt_id=attempt_id),
+            idempotency_key,
+            op=op,
+            looked_up=looked_up,
         )
         if outcome.error is not None:
             raise outcome.error

@@ -5,8 +5,8 @@
     if not result["ok"]:          # a section could not run: result["failed"] names it,
         ...                       # result[name]["error"] says why
 
-Sections, in the order they run (``service`` reuses the store's raw-INSERT baseline measured
-earlier in the same run):
+Sections, in the order they run (``service`` measures the store's raw-INSERT baseline beside
+each of its rounds):
 
 ==========  ==========================================  ===========================
 section     measures                                     against
@@ -107,8 +107,7 @@ def _counting(quick: bool, targets: Targets, settings: Settings, result: dict[st
 def _service(quick: bool, targets: Targets, settings: Settings, result: dict[str, Any]) -> dict[str, Any]:
     from tracker.bench.service import run_service_bench
 
-    raw = result.get("store", {}).get("raw_insert_per_s")  # the baseline measured in this same run
-    return run_service_bench(targets.pg, targets.redis, quick, raw_insert_per_s=raw)
+    return run_service_bench(targets.pg, targets.redis, quick)  # with its own raw INSERT baseline, per round
 
 
 def _http(quick: bool, targets: Targets, settings: Settings, result: dict[str, Any]) -> dict[str, Any]:

@@ -3,8 +3,9 @@
 1, 4 and 16 real processes, each a fleet worker observing its own sessions (measurement
 given, so counting is excluded), with the Redis session lock, the load → decide → append
 path and the projection, measured in one timed window after a common start. Next to it, in
-the same run, the raw psycopg single-row INSERT + COMMIT baseline from the store bench (the
-cheapest durable write the database can do), giving ``observe_vs_raw`` per process count.
+each round, by the same processes on the same database, the raw psycopg single-row INSERT +
+COMMIT baseline of the store bench (the cheapest durable write the database can do), giving
+``observe_vs_raw`` per process count as a ratio within each round.
 
 Each process builds its ``Tracker`` with ``Tracker.from_settings(Settings.of(...))``, the same
 composition root every entry point uses.
@@ -18,13 +19,14 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from tracker.bench.procs import barrier_pool, create_scratch_db, drop_scratch_db, wait_at_start_line
-from tracker.bench.stats import latency_ms, ratio, throughput
+from tracker.bench.stats import latency_ms, over_rounds, ratio, throughput
 from tracker.settings import normalize_database_url
 
 if TYPE_CHECKING:  # pragma: no cover
     from tracker.settings import Settings
 
 PROCESS_COUNTS = (1, 4, 16)
+ROUNDS = 3  # windows per process count; the figures are their medians
 
 
 def _observer(args: tuple[str, str | None, str, float]) -> tuple[int, list[float]]:
@@ -77,10 +79,18 @@ def run_service_bench(
     pg_url: str,
     redis_url: str | None,
     quick: bool = False,
-    raw_insert_per_s: dict[str, float] | None = None,
     process_counts: tuple[int, ...] = PROCESS_COUNTS,
 ) -> dict[str, Any]:
-    """observe/s and p50/p99 per process count, next to the store bench's raw INSERT baseline."""
+    """observe/s and p50/p99 per process count, next to a raw INSERT baseline measured beside it.
+
+    Each process count is measured ``ROUNDS`` times on the same pool of processes, each round an
+    observe window and a raw psycopg INSERT + COMMIT window (the store bench's writer, same
+    processes, same database), alternating which goes first; figures are the medians of the
+    rounds (``[min, max]`` under ``spread``), ``observe_vs_raw`` the median of the rounds' own ratios.
+    """
+    import psycopg
+
+    from tracker.bench.store import _RAW_TABLE, _raw_writer, _window
     from tracker.store import upgrade
 
     duration = 1.0 if quick else 4.0
@@ -88,23 +98,47 @@ def run_service_bench(
     db_url = normalize_database_url(url)
     try:
         upgrade(db_url)
-        out: dict[str, Any] = {"processes": {}, "observe_vs_raw": {}, "redis": bool(redis_url)}
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(_RAW_TABLE)
+        out: dict[str, Any] = {
+            "processes": {},
+            "observe_vs_raw": {},
+            "raw_insert_per_s": {},
+            "redis": bool(redis_url),
+            "rounds": ROUNDS,
+        }
+        spread: dict[str, Any] = {"processes": {}, "observe_vs_raw": {}, "raw_insert_per_s": {}}
         for n in process_counts:
-            args = [(db_url, redis_url, f"svc-{n}-{uuid.uuid4().hex[:6]}-{i}", duration) for i in range(n)]
+            measured = []
             with barrier_pool(n) as pool:
-                results = pool.map(_observer, args, chunksize=1)
-            lat = [x for r in results for x in r[1]]
-            out["processes"][str(n)] = {
-                "observe_per_s": round(throughput(sum(r[0] for r in results), duration)),
-                **latency_ms(lat),
-            }
+                for r in range(ROUNDS):
+                    raw_first = r % 2 == 1
+                    raw = _window(pool, _raw_writer, url, n, duration, "raw") if raw_first else None
+                    args = [(db_url, redis_url, f"svc-{n}-{r}-{uuid.uuid4().hex[:6]}-{i}", duration) for i in range(n)]
+                    results = pool.map(_observer, args, chunksize=1)
+                    if raw is None:
+                        raw = _window(pool, _raw_writer, url, n, duration, "raw")
+                    lat = [x for res in results for x in res[1]]
+                    observed = throughput(sum(res[0] for res in results), duration)
+                    measured.append(
+                        {
+                            "observe_per_s": round(observed),
+                            **latency_ms(lat),
+                            "raw_insert_per_s": round(raw),
+                            "observe_vs_raw": ratio(observed, raw),
+                        }
+                    )
+            figures = over_rounds(measured)
+            rounds_spread = figures.pop("spread")
+            figures.pop("rounds")
+            key = str(n)
+            out["raw_insert_per_s"][key] = figures.pop("raw_insert_per_s")
+            out["observe_vs_raw"][key] = figures.pop("observe_vs_raw")
+            spread["raw_insert_per_s"][key] = rounds_spread.pop("raw_insert_per_s")
+            spread["observe_vs_raw"][key] = rounds_spread.pop("observe_vs_raw")
+            out["processes"][key] = figures
+            spread["processes"][key] = rounds_spread
+        out["spread"] = spread
     finally:
         drop_scratch_db(pg_url, name)
-    if raw_insert_per_s is None:  # the baseline comes from the store bench, run now in this same run
-        from tracker.bench.store import run_store_bench
-
-        raw_insert_per_s = run_store_bench(pg_url, quick, writer_counts=process_counts)["raw_insert_per_s"]
-    for n in process_counts:
-        out["observe_vs_raw"][str(n)] = ratio(out["processes"][str(n)]["observe_per_s"], raw_insert_per_s.get(str(n)))
-    out["raw_insert_per_s"] = {k: round(v) for k, v in raw_insert_per_s.items()}
     return out

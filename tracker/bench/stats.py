@@ -8,6 +8,8 @@
   milliseconds rounded to 3 decimals.
 * **throughput** — completed operations divided by the wall-clock seconds of the window they
   ran in (not by the sum of their latencies), rounded to 1 decimal.
+* **rounds** — a section measures its figures in several rounds and reports, per figure, the
+  median across the rounds and the spread ``[min, max]`` (:func:`over_rounds`).
 
 Every section reports through these functions, so ``ms_p99`` or ``*_per_s`` mean the same
 thing whichever layer printed them.
@@ -96,3 +98,29 @@ def ratio(a: float | None, b: float | None) -> float | None:
     if a is None or not b:
         return None
     return round(a / b, 3)
+
+
+def median(values: Iterable[float]) -> float:
+    """The middle value (the mean of the two middle ones for an even count): ``percentile(values, 50)``."""
+    return percentile(values, 50)
+
+
+def over_rounds(rounds: list[dict[str, Any]], ndigits: int = 3) -> dict[str, Any]:
+    """One figure per key from the same figures measured in several rounds: the median of each
+    numeric figure, and under ``"spread"`` its ``[min, max]`` across the rounds (a noisy round on a
+    shared machine moves the spread, not the figure). Keys whose values are not all numbers
+    (None in some round, text) are taken from the first round."""
+    out: dict[str, Any] = {}
+    spread: dict[str, list[float]] = {}
+    for key in rounds[0]:
+        values = [r.get(key) for r in rounds]
+        if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+            nums = [float(v) for v in values]  # type: ignore[arg-type]
+            mid = round(median(nums), ndigits)
+            out[key] = round(mid) if all(isinstance(v, int) for v in values) else mid
+            spread[key] = [round(min(nums), ndigits), round(max(nums), ndigits)]
+        else:
+            out[key] = values[0]
+    out["spread"] = spread
+    out["rounds"] = len(rounds)
+    return out

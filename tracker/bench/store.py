@@ -24,7 +24,7 @@ import uuid
 from typing import Any
 
 from tracker.bench.procs import barrier_pool, create_scratch_db, drop_scratch_db, wait_at_start_line
-from tracker.bench.stats import ratio, throughput
+from tracker.bench.stats import median, over_rounds, ratio, throughput
 from tracker.core import Basis, Measurement, ModelRef, Policy, SessionState, decide_measure
 from tracker.core.events import ContextMeasured
 from tracker.errors import IntegrityError
@@ -219,15 +219,16 @@ def run_store_bench(
 ) -> dict[str, Any]:
     """Benchmark the store against raw psycopg on the PostgreSQL server at ``pg_url`` (see module doc).
 
-    Each (writers, kind) pair is measured ``rounds`` times, alternating store and raw, and the
-    best window counts (the least disturbed by anything else on the machine).
+    Each (writers, kind) pair is measured ``rounds`` times, alternating store and raw; each
+    figure is the median of its rounds (its ``[min, max]`` under ``spread``), each ratio the
+    median of the rounds' own ratios (store and raw measured side by side in one round).
     """
     import psycopg
 
     from tracker.store import upgrade
 
     duration = 0.6 if quick else 3.0
-    rounds = 2 if quick else 3
+    rounds = 3
     fold_events = 20_000 if quick else 100_000
     t0 = time.perf_counter()
     phases: dict[str, float] = {}
@@ -236,27 +237,45 @@ def run_store_bench(
         upgrade(normalize_database_url(url))
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute(_RAW_TABLE)
-        appends: dict[str, float] = {}
-        raw: dict[str, float] = {}
+        measured: list[dict[str, Any]] = []
         procs = max(writer_counts)
         with barrier_pool(procs) as pool:
             pool.map(_warm, [url] * procs, chunksize=1)
             phases["setup"] = time.perf_counter() - t0
             for r in range(rounds):
+                one: dict[str, Any] = {}
                 for n in writer_counts:
-                    key = str(n)
-                    pair = [("raw", _raw_writer, raw), ("store", _store_writer, appends)]
-                    for tag, fn, best in pair if r % 2 == 0 else reversed(pair):
-                        best[key] = max(best.get(key, 0.0), _window(pool, fn, url, n, duration, tag))
+                    pair = [("raw", _raw_writer), ("store", _store_writer)]
+                    for tag, fn in pair if r % 2 == 0 else reversed(pair):
+                        one[f"{tag}:{n}"] = _window(pool, fn, url, n, duration, tag)
+                    one[f"ratio:{n}"] = ratio(one[f"store:{n}"], one[f"raw:{n}"])
+                measured.append(one)
             phases["appends"] = time.perf_counter() - t0 - phases["setup"]
         fold_rate, raw_read_rate = _fold_bench(url, fold_events, 2 if quick else 3)
         phases["fold"] = time.perf_counter() - t0 - phases["setup"] - phases["appends"]
     finally:
         drop_scratch_db(pg_url, name)
+    figures = over_rounds(measured, ndigits=1)
+    spread = figures["spread"]
+
+    def by_writers(kind: str) -> dict[str, Any]:
+        return {str(n): figures[f"{kind}:{n}"] for n in writer_counts}
+
+    def ratio_by_writers() -> dict[str, Any]:  # a ratio to 3 decimals: from the rounds' own
+        return {str(n): round(median([m[f"ratio:{n}"] for m in measured]), 3) for n in writer_counts}
+
     return {
-        "appends_per_s": appends,
-        "raw_insert_per_s": raw,
-        "append_vs_raw": {k: ratio(appends[k], raw.get(k)) for k in appends},
+        "appends_per_s": by_writers("store"),
+        "raw_insert_per_s": by_writers("raw"),
+        "append_vs_raw": ratio_by_writers(),
+        "spread": {
+            "appends_per_s": {str(n): spread[f"store:{n}"] for n in writer_counts},
+            "raw_insert_per_s": {str(n): spread[f"raw:{n}"] for n in writer_counts},
+            "append_vs_raw": {
+                str(n): [min(m[f"ratio:{n}"] for m in measured), max(m[f"ratio:{n}"] for m in measured)]
+                for n in writer_counts
+            },
+        },
         "fold_events_per_s": fold_rate,
         "raw_read_events_per_s": raw_read_rate,
         "fold_vs_raw_read": ratio(fold_rate, raw_read_rate),

@@ -14,8 +14,8 @@ from tracker import telemetry
 from tracker.errors import TrackerError
 from tracker.http.console import router as console_router
 from tracker.http.errors import EXCEPTION_HANDLERS
-from tracker.http.middleware import AuthMiddleware, BodyLimitMiddleware, MetricsMiddleware
-from tracker.http.routes import ROUTERS
+from tracker.http.middleware import ApiMiddleware
+from tracker.http.routes import ROUTERS, hot_routes
 from tracker.http.runtime import MULTIPROC_ENV, Runtime
 from tracker.settings import Settings
 
@@ -75,21 +75,20 @@ def create_app(runtime: Runtime | None = None, settings: Settings | None = None)
     generate = app.openapi
 
     def openapi() -> dict[str, Any]:  # generated once, then cached by FastAPI
-        return app.openapi_schema or AuthMiddleware.document(generate())
+        return app.openapi_schema or ApiMiddleware.document(generate())
 
     app.openapi = openapi  # type: ignore[method-assign]
     for router in ROUTERS:
         app.include_router(router)
     app.include_router(console_router)  # the read-only web console, /console
-    # the last added is the outermost: metrics (every request) > auth (before any body is read) > body limit
+    # one layer: metrics (every request) > auth (before any body is read) > body limit > the hot routes
     app.add_middleware(
-        BodyLimitMiddleware,
+        ApiMiddleware,
+        runtime=runtime,
         max_bytes=runtime.settings.api.max_body_bytes,
-        metrics=runtime.metrics,
         timeout_s=runtime.settings.api.body_timeout_s,
+        hot_routes=hot_routes(),
     )
-    app.add_middleware(AuthMiddleware, runtime=runtime)
-    app.add_middleware(MetricsMiddleware, metrics=runtime.metrics)
     return app
 
 

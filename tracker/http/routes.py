@@ -5,7 +5,7 @@ decided), each in one trip to the thread pool, and answer their JSON already ser
 reads go through the read side (:mod:`tracker.queries`), on the read replica when one is set
 (``TRACKER_READ_DATABASE_URL``): the listing, history and feed; the session's state is read
 from the primary. Every ``/v1`` route takes the
-caller's fleet (:func:`caller_of`, set by ``AuthMiddleware``) and maps session ids in and
+caller's fleet (:func:`caller_of`, set by ``ApiMiddleware``) and maps session ids in and
 out of it.
 
     POST /v1/sessions/{session_id}/observe                          record a measurement, or count a request -> decision
@@ -29,17 +29,21 @@ out of it.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, Literal, TypeVar
 
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
+from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from tracker import queries
 from tracker.errors import InvalidInput, Unauthorized, UnknownSession
 from tracker.http.errors import responses
+from tracker.http.middleware import HotRoute
 from tracker.http.runtime import Caller, Commands, Runtime
 from tracker.http.schemas import (
     API_PREFIX,
@@ -78,12 +82,12 @@ def runtime_of(request: Request) -> Runtime:
 
 
 def caller_of(request: Request) -> Caller:
-    """The caller's fleet, as ``AuthMiddleware`` established it before the route was reached.
+    """The caller's fleet, as ``ApiMiddleware`` established it before the route was reached.
 
     Plain functions, not FastAPI dependencies: resolving dependencies costs more per request
-    than these two lookups (the API key scheme is documented by ``AuthMiddleware.document``)."""
+    than these two lookups (the API key scheme is documented by ``ApiMiddleware.document``)."""
     fleet_id = getattr(request.state, "fleet_id", None)
-    if fleet_id is None:  # pragma: no cover - AuthMiddleware answers 401 first
+    if fleet_id is None:  # pragma: no cover - ApiMiddleware answers 401 first
         raise Unauthorized("an API key is required: Authorization: Bearer <token>")
     return Caller(fleet_id)
 
@@ -163,7 +167,11 @@ sessions = APIRouter(prefix=f"{API_PREFIX}/sessions", tags=["sessions"])
 async def observe(body: ObserveIn, request: Request, session_id: str = SessionPath) -> Response:
     """Record a measurement (or count ``request`` for ``model`` over ``basis``) and decide:
     ``proceed``, ``compact`` (an attempt is opened for you), ``wait``; ``context_limit`` is a 409."""
-    runtime, caller = runtime_of(request), caller_of(request)
+    return await _observe(runtime_of(request), caller_of(request), session_id, body)
+
+
+async def _observe(runtime: Runtime, caller: Caller, session_id: str, body: ObserveIn) -> Response:
+    """The observe endpoint's work, once its input is valid (the route's and the hot route's)."""
     sid = caller.internal(session_id)
     kwargs: dict[str, Any] = dict(
         compaction_threshold=body.compaction_threshold,
@@ -211,6 +219,53 @@ async def _report(
     data = report.to_data()
     data["session_id"] = session_id
     return _json(data)
+
+
+# -- the hot route: observe without the framework's routing, dependencies and second parse ----------
+
+_SESSION_ID = re.compile(SESSION_ID_PATTERN)
+
+
+def _json_body(headers: Any, raw: bytes) -> Any:
+    """The body as the framework would decode it, when it is plainly JSON (``Content-Type:
+    application/json``, non-empty, valid); ``_NOT_PLAIN`` otherwise (the framework decides)."""
+    content_type = None
+    for name, value in headers or ():
+        if name == b"content-type":
+            content_type = value
+            break
+    if not raw or content_type is None:
+        return _NOT_PLAIN
+    media = content_type.split(b";", 1)[0].strip().lower()
+    if media != b"application/json":
+        return _NOT_PLAIN
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError):  # not JSON (or nested too deep to decode): the framework's answer
+        return _NOT_PLAIN
+
+
+_NOT_PLAIN = object()
+
+
+async def observe_hot(
+    runtime: Runtime, fleet_id: str, params: dict[str, str], headers: Any, raw: bytes
+) -> Response | None:
+    """``POST /v1/sessions/{session_id}/observe`` for a request whose id and body are valid: the
+    route's own work (:func:`_observe`) on the body validated once by ``ObserveIn``. Anything
+    else (a bad id, a body that is not plainly JSON or does not validate) is None: the framework
+    answers it with its own errors, so the contract is the route's whatever the path taken."""
+    session_id = params["session_id"]
+    if _SESSION_ID.fullmatch(session_id) is None:
+        return None
+    data = _json_body(headers, raw)
+    if data is _NOT_PLAIN:
+        return None
+    try:
+        body = ObserveIn.model_validate(data)
+    except (ValidationError, RecursionError):
+        return None
+    return await _observe(runtime, Caller(fleet_id), session_id, body)
 
 
 @sessions.get("", response_model=SessionsOut, responses=responses())
@@ -396,3 +451,15 @@ async def fleet_calibration(request: Request) -> Response:
 
 
 ROUTERS = (probes, sessions, compactions, events, policies, calibration)
+
+
+def hot_routes() -> tuple[HotRoute, ...]:
+    """The routes the middleware answers itself when it can (each with the router's own route
+    object: its template labels the metrics, its pattern matches the path)."""
+    hot = {observe: observe_hot}
+    return tuple(
+        HotRoute(method, route, hot[route.endpoint])
+        for route in sessions.routes
+        if isinstance(route, APIRoute) and route.endpoint in hot
+        for method in sorted(route.methods or ())
+    )

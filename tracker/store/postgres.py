@@ -148,6 +148,7 @@ def _read_all_types(types: tuple[str, ...], prefixed: bool) -> str:
 
 _LOAD = "SELECT version, state::text FROM sessions WHERE session_id = %s"
 _STREAM_VERSION = "SELECT coalesce(max(version), 0) FROM events WHERE session_id = %s"
+_KEYED_VERSION = "SELECT version FROM events WHERE session_id = %s AND idempotency_key = %s"
 
 
 @dataclass(frozen=True)
@@ -342,6 +343,11 @@ class PgFastPath:
         """(version, state JSON) of the session's projection row, or None."""
         rows = self._query("load", _LOAD, (session_id,))
         return (rows[0][0], rows[0][1]) if rows else None
+
+    def keyed_version(self, session_id: str, idempotency_key: str) -> int | None:
+        """The first version of the session's append recorded under ``idempotency_key``, or None."""
+        rows = self._query("append", _KEYED_VERSION, (session_id, idempotency_key))
+        return int(rows[0][0]) if rows else None
 
     # -- append ---------------------------------------------------------------------------------------
 

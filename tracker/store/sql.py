@@ -101,6 +101,8 @@ class _Backend(Protocol):
 
     def projection_state(self, session_id: str) -> tuple[int, str | None] | None: ...
 
+    def keyed_version(self, session_id: str, idempotency_key: str) -> int | None: ...
+
     def after_fork(self) -> None: ...
 
     def close(self) -> None: ...
@@ -283,7 +285,11 @@ class SqlEventStore(LogStore):
     # -- idempotency -----------------------------------------------------------------------------
 
     def find_idempotent(self, session_id: str, idempotency_key: str) -> AppendResult | None:
-        return self._run("append", lambda conn: self._replay(conn, session_id, idempotency_key))
+        # one statement finds the key (a miss, the usual case, costs nothing more); a hit reads its append
+        first = self._reads.keyed_version(session_id, idempotency_key)
+        if first is None:
+            return None
+        return self._run("append", lambda conn: self._replay_at(conn, session_id, first))
 
     def _resolve_conflict(
         self, sid: str, expected: int, key: str | None, *, first_version: int | None = None

@@ -105,6 +105,13 @@ class SqliteBackend:
         row = run_core(self._engine, "load", lambda conn: conn.execute(stmt).first())
         return None if row is None else (row[0], row[1])
 
+    def keyed_version(self, session_id: str, idempotency_key: str) -> int | None:
+        """The first version of the session's append recorded under ``idempotency_key``, or None."""
+        e = events_t.c
+        stmt = select(e.version).where(e.session_id == session_id, e.idempotency_key == idempotency_key)
+        row = run_core(self._engine, "append", lambda conn: conn.execute(stmt).first())
+        return None if row is None else int(row[0])
+
     # -- append ---------------------------------------------------------------------------------------
 
     def append(
