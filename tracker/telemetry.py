@@ -289,6 +289,20 @@ def span(name: str, **attributes: Any) -> Span | _NoSpan:
     return Span(name, attrs)
 
 
+def route_selected(method: str, template: str) -> None:
+    """A request answered without the framework's router (the API's hot routes): name the current
+    server span by its route, as the router does when it selects one. Before the response is sent:
+    the framework ends its span with the response, and an ended span keeps its name."""
+    if not tracing():
+        return
+    from opentelemetry import trace
+
+    span = trace.get_current_span()
+    if span.is_recording():
+        span.update_name(f"{method} {template}")
+        span.set_attribute("http.route", template)
+
+
 def server_span(method: str, headers: Any) -> Span | _NoSpan:
     """The span of one HTTP request: the framework's own server span when it made one (FastAPI
     does, when tracing is on), else a new SERVER span continuing the caller's ``traceparent``.

@@ -812,13 +812,15 @@ BAD_IDS: list[str] = [
 ]
 
 
-FLEET_WIDE = ("/v1/events", "/v1/sessions", "/v1/policy")  # no session in the path: the caller's own
+FLEET_WIDE = ("/v1/events", "/v1/sessions", "/v1/policy", "/v1/calibration")  # no session in the path: the caller's own
 
 
 def _endpoints(s: str, attempt_id: str) -> list[tuple[str, str]]:
     base = f"/v1/sessions/{s}"
     return [
         ("POST", f"{base}/observe"),
+        ("POST", f"{base}/usage"),
+        ("POST", f"{base}/rejection"),
         ("POST", f"{base}/compactions"),
         ("POST", f"{base}/compactions/{attempt_id}/commit"),
         ("POST", f"{base}/compactions/{attempt_id}/reject"),
@@ -828,6 +830,7 @@ def _endpoints(s: str, attempt_id: str) -> list[tuple[str, str]]:
         ("GET", "/v1/events"),
         ("GET", "/v1/sessions"),
         ("GET", "/v1/policy"),
+        ("GET", "/v1/calibration"),
     ]
 
 
@@ -862,7 +865,7 @@ def test_hostile_suite_other_fleets_ids(server, a, b):
         "reject": {"fencing_token": attempt["fencing_token"], "reject_reason": "x"},
     }
     for method, path in _endpoints(s, attempt["attempt_id"]):
-        if path.endswith("/observe") or path.endswith("/compactions") or path in FLEET_WIDE:
+        if path.endswith(("/observe", "/compactions", "/usage", "/rejection")) or path in FLEET_WIDE:
             continue  # these act on the caller's own session of that name (or its own feed)
         body = bodies.get(path.rsplit("/", 1)[-1])
         with unchanged(server):

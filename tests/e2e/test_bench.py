@@ -89,7 +89,7 @@ def test_targets_come_from_settings():
 
 
 def test_sections_in_run_order():
-    assert list(SECTIONS) == ["core", "store", "counting", "service", "http", "scale", "pooler"]
+    assert list(SECTIONS) == ["core", "store", "counting", "service", "http", "scale", "pooler", "calibration"]
 
 
 def test_percentile_interpolates_between_closest_ranks():

@@ -219,7 +219,8 @@ def test_the_session_page_draws_billed_beside_counted_and_marks_the_rejection(pa
     # the event table tells the reports too
     page.goto(server["base"] + "/console/sessions/calib-1?type=ProviderRejected#events-h")
     (summary,) = page.eval_on_selector_all("#events tbody tr td:nth-child(4)", "ts => ts.map(t => t.innerText)")
-    assert f"provider rejected as too long: {stated} > {limit}" in summary and f"learned limit {limit}" in summary
+    assert f"provider rejected {seen['rejected_basis']}: {stated:,} > {limit:,}" in summary, summary
+    assert f"learned limit {limit:,}" in summary, summary
 
 
 def test_the_overview_shows_each_models_calibration_of_the_viewers_fleet(page, server):

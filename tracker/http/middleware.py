@@ -258,6 +258,8 @@ class ApiMiddleware:
             scope["route"] = hot.route  # the metrics' label, as the router would set it
             try:
                 response = await hot.handle(self.runtime, fleet_id, match.groupdict(), scope.get("headers"), body)
+                if response is not None:
+                    telemetry.route_selected(method, route_label(scope))  # the span's name, as the router gives it
             except TrackerError as exc:  # answered by the app's own handler, as the framework would
                 from starlette.requests import Request
 

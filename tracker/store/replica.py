@@ -36,7 +36,9 @@ from tracker.store.errors import map_db_errors
 __all__ = ["CATCH_UP_WAIT_S", "LagProbe", "ReplicaLag", "lsn_to_int"]
 
 #: how long a probe re-reads a standby that is behind, waiting for it to reach the primary's position
-CATCH_UP_WAIT_S = 0.1
+#: long enough for WAL a background process wrote (flushed by the WAL writer every `wal_writer_delay`,
+#: 200 ms by default, then streamed) to be replayed: a shorter wait called such a record lag
+CATCH_UP_WAIT_S = 0.5
 
 _PRIMARY_LSN = text("SELECT pg_current_wal_flush_lsn()::text")
 _REPLAYED = text("SELECT pg_last_wal_replay_lsn()::text")
