@@ -53,19 +53,6 @@ SERIAL_TESTS = {
 }
 
 
-#: modules of 20 s or more (``--durations``), scheduled first
-LONGEST_MODULES = frozenset(
-    {
-        "tests.e2e.test_streaming",
-        "tests.e2e.test_typescript_client",
-        "tests.e2e.test_cli_e2e",
-        "tests.e2e.test_readme",
-        "tests.e2e.test_fleet_policy",
-        "tests.integration.test_calibration_fleets",
-    }
-)
-
-
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
@@ -76,12 +63,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group("serial"))
         elif module.startswith(("tests.integration.", "tests.e2e.")):
             item.add_marker(pytest.mark.xdist_group(module.rsplit(".", 1)[-1]))
-    # the longest modules go out first, so that neither worker is left with one at the end while the
-    # other idles (the run's wall time is the later worker's); the order within each part is kept
-    first = [i for i in items if getattr(getattr(i, "module", None), "__name__", "") in LONGEST_MODULES]
-    if first:
-        chosen = set(map(id, first))
-        items[:] = first + [i for i in items if id(i) not in chosen]
 
 
 def _is_serial(item: pytest.Item) -> bool:

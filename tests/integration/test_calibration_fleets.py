@@ -38,7 +38,9 @@ def test_the_band_holds_over_many_fleets(model: str, profile: Profile, workload:
             for r in session(rng, workload, rng.randint(4, 12)):
                 samples.append(CalibrationSample(counter.count(r, spec).input_tokens, sim.billed(r)))
         cal = estimate(samples[:MIN_SAMPLES])
-        pairs = [(apply(counter.count(r, spec).input_tokens, cal), sim.billed(r)) for r in session(rng, workload, 36)]
+        pairs = [
+            (apply(counter.count(r, spec).input_tokens, cal), sim.billed(r)) for r in session(rng, workload, 36)[1::2]
+        ]  # every second turn: the band, at half the counting
         assert_within_band(pairs, limit, BAND_MANY)
         worst += [d / b for d, b in pairs if b >= BAND_FROM * limit]
         small += [d / b for d, b in pairs if b < BAND_FROM * limit]

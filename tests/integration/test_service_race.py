@@ -1,6 +1,6 @@
 """Single-flight across real processes (behaviour.md "Decisions", last paragraph).
 
-16 processes × 200 rounds on ONE session, on Postgres, driven through
+16 processes × 100 rounds on ONE session, on Postgres, driven through
 compact pressure, the hard limit, rejections and commits. Then the log is
 checked: at most one automatic attempt per (session, basis), never two open
 automatic attempts at once, and the projection equals the fold. The same
@@ -27,7 +27,7 @@ from tracker.store import open_store, verify_projections
 from tracker.store.migrate import upgrade
 
 PROCS = int(os.environ.get("TRACKER_RACE_PROCS", "16"))
-ROUNDS = int(os.environ.get("TRACKER_RACE_ROUNDS", "200"))
+ROUNDS = int(os.environ.get("TRACKER_RACE_ROUNDS", "100"))
 LIMIT = 1000
 
 
