@@ -204,14 +204,10 @@ def same_report(event: ev.UsageReported | ev.ProviderRejected, given: dict[str, 
     call gives the same basis and numbers, else ``InvalidInput`` on ``idempotency_key``."""
     differs = []
     basis = given.get("basis")
-    if isinstance(basis, (str, Basis)):
-        b = str(basis)
-        if (
-            b != event.basis
-            and not (b[:1] != "r" and event.basis.endswith(":" + b))
-            and Basis.parse(b) != Basis.parse(event.basis)
-        ):
-            differs.append("basis")
+    reported = Basis.parse(event.basis)
+    # a bare basis names the revision the report was recorded at
+    if isinstance(basis, (str, Basis)) and Basis.parse(basis, reported.revision) != reported:
+        differs.append("basis")
     for name, value in given.items():
         if name == "basis" or value is None:
             continue
