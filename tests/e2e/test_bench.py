@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 
+from tests.support.cli import run_tracker
 from tracker.bench import SECTIONS, Targets, run_bench
 from tracker.bench.procs import free_port
 from tracker.bench.stats import latency_ms, percentile, ratio, throughput
@@ -16,7 +16,7 @@ from tracker.settings import Settings
 
 
 def test_bench_core_prints_figures():
-    out = subprocess.run(
+    out = run_tracker(
         [sys.executable, "-m", "tracker.cli", "bench", "--json", "--quick", "--only", "core"],
         capture_output=True,
         text=True,
@@ -30,7 +30,7 @@ def test_bench_core_prints_figures():
 
 
 def test_bench_unknown_section_is_refused():
-    out = subprocess.run(
+    out = run_tracker(
         [sys.executable, "-m", "tracker.cli", "bench", "--json", "--only", "nope"],
         capture_output=True,
         text=True,
@@ -55,7 +55,7 @@ def test_a_section_that_cannot_run_fails_the_bench_and_says_where():
 
 def test_cli_exits_non_zero_when_a_section_fails():
     env = {**os.environ, "TRACKER_BENCH_PG": _closed_pg()}
-    out = subprocess.run(
+    out = run_tracker(
         [sys.executable, "-m", "tracker.cli", "bench", "--json", "--quick", "--only", "store"],
         capture_output=True,
         text=True,

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.cli import Cli, clean_env
+from tests.support.cli import Cli, clean_env, run_tracker
 
 TRACKER = shutil.which("tracker")
 pytestmark = pytest.mark.skipif(TRACKER is None, reason="the `tracker` console script is not installed")
@@ -103,7 +103,7 @@ def test_the_demo_explains_itself_and_another_folder_sees_its_sessions(tmp_path)
     other.mkdir()
     base = {k: v for k, v in os.environ.items() if not k.startswith("TRACKER_")}
     base.update(XDG_DATA_HOME=str(tmp_path / "data"))
-    listed = subprocess.run(
+    listed = run_tracker(
         [TRACKER, "sessions", "--json"], cwd=other, env=base, capture_output=True, text=True, timeout=120
     )
     assert listed.returncode == 0, listed.stderr

@@ -31,6 +31,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.cli import run_tracker
+
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "Dockerfile"
@@ -150,7 +152,7 @@ def test_every_service_command_is_a_real_tracker_command(resolved):
         # the subcommand alone, then the whole command line as written (options must exist)
         sub = [a for a in argv[:2] if not a.startswith("-")][: 2 if argv[0] == "db" else 1]
         for cmd in (sub, argv):
-            out = subprocess.run([TRACKER, *cmd, "--help"], capture_output=True, text=True, env=env, timeout=60)
+            out = run_tracker([TRACKER, *cmd, "--help"], capture_output=True, text=True, env=env, timeout=60)
             if out.returncode != 0:
                 failures.append(
                     f"{name}: `tracker {' '.join(cmd)} --help` exited {out.returncode}: "
@@ -417,7 +419,7 @@ def test_image_layout_runs_migrations_and_has_the_demo_models(tmp_path, resolved
     assert where.returncode == 0, where.stderr
     assert all(line.startswith(str(app_dir)) for line in where.stdout.split()), where.stdout
 
-    up = subprocess.run(
+    up = run_tracker(
         [sys.executable, "-m", "tracker.cli", "db", "upgrade", "--json"],
         cwd=data,
         env=env,

@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 
 from tests.support.api import api_server
+from tests.support.cli import run_tracker
 from tests.support.db import create_pg_database, drop_pg_database
 from tests.support.db import sqlalchemy_url as _sqlalchemy_url
 from tests.support.measurements import measurement
@@ -418,7 +419,7 @@ def test_after_the_demo_the_account_names_the_rejected_attempts(page, server, tm
     try:
         upgrade(url)
         env = {**server["env"], "TRACKER_DATABASE_URL": url}
-        demo = subprocess.run(
+        demo = run_tracker(
             [TRACKER, "demo", "--workers", "2", "--sessions", "2", "--steps", "40", "--json"],
             env=env,
             cwd=tmp_path,

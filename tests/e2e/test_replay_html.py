@@ -28,6 +28,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.cli import run_tracker
 from tests.support.measurements import measurement
 
 CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if os.path.exists("/usr/bin/chromium") else None)
@@ -84,7 +85,7 @@ def report(tmp_path_factory) -> dict[str, Any]:
     out_file = d / "report.html"
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRACKER_")}
     env["TRACKER_DATABASE_URL"] = url
-    out = subprocess.run(
+    out = run_tracker(
         [TRACKER, "replay", SID, "--html", str(out_file), "--json"],
         cwd=d,
         env=env,
@@ -96,7 +97,7 @@ def report(tmp_path_factory) -> dict[str, Any]:
     counts = json.loads(out.stdout)
     history = [
         json.loads(line)
-        for line in subprocess.run(
+        for line in run_tracker(
             [TRACKER, "history", SID, "--json"], cwd=d, env=env, capture_output=True, text=True, timeout=120, check=True
         ).stdout.splitlines()
     ]

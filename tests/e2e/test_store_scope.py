@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.support.cli import run_tracker
 from tracker.core.model import FLEET_ID_LEN, MAX_SESSION_ID_LEN, SessionScope
 from tracker.errors import InvalidSessionId
 from tracker.http.runtime import Caller
@@ -33,7 +33,7 @@ def test_the_api_caller_is_the_session_scope():
 
 
 def _cli(env: dict[str, str], *args: str) -> tuple[int, Any]:
-    proc = subprocess.run(
+    proc = run_tracker(
         [sys.executable, "-m", "tracker.cli", *args, "--json"], env=env, capture_output=True, text=True, timeout=120
     )
     return proc.returncode, json.loads(proc.stdout) if proc.stdout.strip() else proc.stderr

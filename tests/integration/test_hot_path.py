@@ -9,13 +9,13 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
-import subprocess
 import sys
 
 import psycopg
 import pytest
 import redis
 
+from tests.support.cli import run_tracker
 from tests.support.measurements import measurement
 from tests.support.procs import PrivateRedis
 from tracker.bench.store import CountingProjector
@@ -267,7 +267,7 @@ def test_sessions_json_is_one_array_streamed(sqlite_url, tmp_path):
         store.close()
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRACKER_")}
     env["TRACKER_DATABASE_URL"] = sqlite_url
-    out = subprocess.run(
+    out = run_tracker(
         [sys.executable, "-m", "tracker.cli", "sessions", "--json"], capture_output=True, text=True, env=env, check=True
     )
     rows = json.loads(out.stdout)

@@ -10,7 +10,6 @@ uncoordinated and the store's version check guards.
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import threading
 import time
@@ -18,6 +17,7 @@ import time
 import pytest
 import redis
 
+from tests.support.cli import run_tracker
 from tests.support.topology import RedisClusterTopology, SentinelTopology, free_port, missing, run_race
 from tracker.coordination import RedisCoordinator, coordinator_from_url
 from tracker.errors import InvalidSetting
@@ -72,7 +72,7 @@ def test_the_cli_refuses_a_bad_redis_url_in_one_line_without_the_password(tmp_pa
     env = {"TRACKER_REDIS_URL": "redis+clustr://u:hunter2@h:7000", "TRACKER_DATABASE_URL": f"sqlite:///{tmp_path}/t.db"}
     import os
 
-    proc = subprocess.run(
+    proc = run_tracker(
         [sys.executable, "-m", "tracker.cli", "info"],
         env={**os.environ, **env},
         capture_output=True,

@@ -20,7 +20,6 @@ import os
 import random
 import re
 import shutil
-import subprocess
 import sys
 import threading
 import time
@@ -31,6 +30,7 @@ import httpx
 import pytest
 from sqlalchemy.engine import make_url
 
+from tests.support.cli import run_tracker
 from tests.support.measurements import measurement
 from tests.support.topology import PgReplication, postgres_bin, wait_for
 from tracker.bench.procs import free_port, start_server, stop_server
@@ -457,7 +457,7 @@ def test_the_cli_read_commands_read_the_replica(repl):
             env.update(TRACKER_DATABASE_URL=repl.url(DB), TRACKER_READ_DATABASE_URL=repl.url(DB, replica=True))
 
             def cli(*args: str) -> str:
-                proc = subprocess.run(
+                proc = run_tracker(
                     [sys.executable, "-m", "tracker.cli", *args], env=env, capture_output=True, text=True, timeout=60
                 )
                 assert proc.returncode == 0, proc.stderr
