@@ -12,7 +12,7 @@ For the ``tracker`` console script, the child runs the script's own file (as the
 a script: ``__main__``, ``sys.argv[0]``, ``sys.path[0]``), so ``multiprocessing`` children of a
 command (``tracker demo --workers``) start as they would. What is not the same, and where it is
 still run for real: the interpreter's start and its import of the tracker (the README's tour runs
-its lines in ``bash`` through ``PATH``; the installed wheel is run in ``tests/e2e/test_packaging.py``;
+its lines in ``bash`` through ``PATH``, as does one what-if command in ``tests/e2e/test_whatif_cli.py``;
 every long-lived ``tracker serve`` or ``tracker worker`` and the memory-bounded audit commands of
 ``tests/e2e/test_streaming.py`` stay plain subprocesses); and the interpreter's own settings, read
 when it starts: a command whose environment sets ``PYTHON*`` or locale variables other than the
