@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 
+from tests.support.procs import racing_context
 from tracker.store.migrate import upgrade
 
 NAMES = [f"agents-{i}" for i in range(40)]
@@ -29,7 +30,7 @@ def _create(url: str, start: mp.synchronize.Barrier) -> list[str]:
 
 def test_concurrent_create_same_name(pg_url):
     upgrade(pg_url)
-    ctx = mp.get_context("spawn")
+    ctx = racing_context()
     n = 6
     barrier = ctx.Manager().Barrier(n)
     with ctx.Pool(n) as pool:

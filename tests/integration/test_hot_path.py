@@ -7,7 +7,6 @@ command statistics are read back, and several real processes racing on one sessi
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 import os
 import sys
 
@@ -17,7 +16,7 @@ import redis
 
 from tests.support.cli import run_tracker
 from tests.support.measurements import measurement
-from tests.support.procs import PrivateRedis
+from tests.support.procs import PrivateRedis, racing_context
 from tracker.bench.store import CountingProjector
 from tracker.core import SessionProjector
 from tracker.errors import ConcurrencyConflict
@@ -210,7 +209,7 @@ def test_contenders_queue_on_the_lock_without_polling_it(pg_url, private_redis):
     and the lock is handed over by wake-ups -- a few SETs per observe, not a polling loop."""
     procs, rounds = 8, 40
     upgrade(pg_url)
-    ctx = mp.get_context("spawn")
+    ctx = racing_context()
     barrier, done = ctx.Barrier(procs), ctx.Queue()
     client = redis.Redis.from_url(private_redis.url)
     before = _commands(client)

@@ -7,7 +7,6 @@ schema identical to the models, re-upgrading is a no-op, every step downgrades.
 
 from __future__ import annotations
 
-import multiprocessing
 import threading
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from sqlalchemy import create_engine, inspect
 import tracker
 from tests.support.db import create_pg_database, drop_pg_database
 from tests.support.db import sqlalchemy_url as _sqlalchemy_url
+from tests.support.procs import racing_context
 from tracker.errors import SchemaOutOfDate
 from tracker.settings import normalize_database_url
 from tracker.store import NewEvent, migrate, open_store
@@ -136,7 +136,7 @@ def _upgrade_in_process(url: str) -> str | None:
 @pytest.mark.postgres
 def test_concurrent_upgrades_queue_up(pg_url):
     """Several processes (and threads) running `tracker db upgrade` at once all succeed."""
-    ctx = multiprocessing.get_context("spawn")
+    ctx = racing_context()
     with ctx.Pool(3) as pool:
         pending = [pool.apply_async(_upgrade_in_process, (pg_url,)) for _ in range(3)]
         errors: list[BaseException] = []

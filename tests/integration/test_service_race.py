@@ -19,7 +19,7 @@ import uuid
 import pytest
 
 from tests.support.measurements import measurement
-from tests.support.procs import PostgresLog, PrivateRedis
+from tests.support.procs import PostgresLog, PrivateRedis, racing_context
 from tracker.core import Policy, SessionProjector, fold
 from tracker.core.events import CompactionRejected, CompactionStarted, event_from_data
 from tracker.core.state import SessionState, apply
@@ -117,7 +117,7 @@ def check_log(db_url: str, session_id: str) -> dict:
 
 def run_race(db_url: str, redis_url: str | None, during=None) -> tuple[dict, list[dict]]:
     session_id = f"race-{uuid.uuid4().hex[:8]}"
-    ctx = mp.get_context("spawn")
+    ctx = racing_context()
     start_at = time.time() + 3.0  # all processes start deciding together
     with ctx.Pool(PROCS) as pool:
         results = [
@@ -212,7 +212,7 @@ def test_kill_9_holder_then_lease_expires(race_db):
     from tracker.service import Tracker
 
     sid = f"kill-{uuid.uuid4().hex[:8]}"
-    ctx = mp.get_context("spawn")
+    ctx = racing_context()
     ready = ctx.Event()
     p = ctx.Process(target=_holder, args=(race_db, sid, ready))
     p.start()

@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import queue
 import random
 import threading
@@ -21,6 +20,7 @@ import traceback
 import pytest
 from sqlalchemy import create_engine, text
 
+from tests.support.procs import racing_context
 from tracker.bench.store import CountingProjector
 from tracker.errors import ConcurrencyConflict
 from tracker.settings import normalize_database_url
@@ -99,7 +99,7 @@ def _tailer(url: str) -> None:
 
 @pytest.fixture(scope="module")
 def procs():
-    ctx = mp.get_context("spawn")
+    ctx = racing_context()
     go, expected_total, out = ctx.Event(), ctx.Value("q", -1), ctx.Queue()
     pool = ctx.Pool(WRITERS + 1, initializer=_init_worker, initargs=(go, expected_total, out))
     yield pool, go, expected_total, out

@@ -25,6 +25,7 @@ import random
 import re
 from dataclasses import dataclass
 
+from tracker.counting.counters import memoized
 from tracker.counting.request import (
     CanonicalRequest,
     ImagePart,
@@ -176,9 +177,8 @@ class SimProvider:
 
     def __init__(self, profile: Profile = ANTHROPIC_LIKE) -> None:
         self.profile = profile
-
-    def text(self, text: str) -> int:
-        return sim_text_tokens(text, self.profile)
+        self.text = memoized(lambda text: sim_text_tokens(text, profile))
+        """the tokens of a text (long texts' counts remembered: a session's requests repeat them)"""
 
     def _image(self, part: ImagePart) -> int:
         if self.profile.image_flat is not None:

@@ -36,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from tracker._lru import LRU
 from tracker.counting.base import QUALITY_EXACT_LOCAL, QUALITY_HEURISTIC, CountResult, ModelSpec
 from tracker.counting.request import (
     CanonicalRequest,
@@ -50,6 +51,37 @@ from tracker.errors import InvalidCountModel, RankFileError
 
 if TYPE_CHECKING:  # pragma: no cover
     import tiktoken
+
+
+# -- long texts' counts, remembered --------------------------------------------------------------
+
+#: a text of at least this many characters has its count remembered (shorter ones count faster than
+#: they hash)
+MEMO_MIN_CHARS = 256
+#: texts remembered per counting function (each entry: a 16-byte digest and an int; no text is held)
+MEMO_ENTRIES = 16_384
+
+
+def memoized(count: Callable[[str], int], maxsize: int = MEMO_ENTRIES) -> Callable[[str], int]:
+    """``count`` (a pure function of a text), remembering the counts of long texts by their digest.
+
+    An agent's requests grow by appending: each one repeats every message of the one before, so
+    counting a complete request again tokenizes only what is new. The count of a text is the same
+    whenever it is counted, so a remembered count is the count (a BLAKE2b-128 digest of the UTF-8
+    text is its key). Thread-safe: one ``LRU``."""
+    memo: LRU[tuple[int, bytes], int] = LRU(maxsize)
+
+    def counted(text: str) -> int:
+        if len(text) < MEMO_MIN_CHARS:
+            return count(text)
+        key = (len(text), hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest())
+        hit = memo.get(key)
+        if hit is None:
+            hit = count(text)
+            memo.put(key, hit)
+        return hit
+
+    return counted
 
 
 # -- exact encodings without network ---------------------------------------------------------
@@ -244,6 +276,13 @@ def _image_costs(model: ModelSpec) -> tuple[int, int]:
 # -- exact local -----------------------------------------------------------------------------
 
 
+@functools.cache
+def _exact_text_tokens(encoding: str) -> Callable[[str], int]:
+    """The exact token count of a text under ``encoding`` (one memo per encoding)."""
+    encode = load_encoding(encoding).encode_ordinary
+    return memoized(lambda text: len(encode(text)) if text else 0)
+
+
 class ExactLocalCounter:
     """Exact BPE count for OpenAI encodings, in process, with no network."""
 
@@ -257,13 +296,9 @@ class ExactLocalCounter:
                 f"{model.name}: the exact local counter needs encoding o200k_base or cl100k_base, got {model.encoding!r}",
                 model=model.name,
             )
-        enc = load_encoding(model.encoding)
-        encode = enc.encode_ordinary
         base, tile = _image_costs(model)
         tokens = chat_tokens(
-            request,
-            lambda text: len(encode(text)) if text else 0,
-            lambda image: openai_image_tokens(image, base, tile),
+            request, _exact_text_tokens(model.encoding), lambda image: openai_image_tokens(image, base, tile)
         )
         return CountResult(tokens, model.name, self.quality, request.fingerprint)
 
@@ -422,6 +457,9 @@ def heuristic_image_tokens(part: ImagePart, base: int = DEFAULT_IMAGE_BASE, tile
     return max(openai, anthropic)
 
 
+_heuristic_memo = memoized(lambda text: heuristic_text_tokens(text))
+
+
 def heuristic_request_tokens(request: CanonicalRequest, model: ModelSpec | None = None) -> int:
     base, tile = _image_costs(model) if model is not None else (DEFAULT_IMAGE_BASE, DEFAULT_IMAGE_TILE)
-    return chat_tokens(request, heuristic_text_tokens, lambda image: heuristic_image_tokens(image, base, tile))
+    return chat_tokens(request, _heuristic_memo, lambda image: heuristic_image_tokens(image, base, tile))
