@@ -700,3 +700,55 @@ def test_unreadable_models_file_is_refused(tmp_path):
     assert info.value.field == "TRACKER_MODELS_FILE"
     with pytest.raises(InvalidInput):
         build_registry(Settings.of(models_file=str(tmp_path / "missing.json")))
+
+
+def test_a_long_texts_count_is_remembered_by_its_content_and_equals_a_fresh_count():
+    from tracker.counting.counters import MEMO_MIN_CHARS, memoized
+
+    calls: list[str] = []
+
+    def count(text: str) -> int:
+        calls.append(text)
+        return heuristic_text_tokens(text)
+
+    counted = memoized(count, maxsize=2)
+    long_a = "ERROR export batch 17 timed out after 30 s\n" * 20
+    long_b = long_a.replace("17", "18")  # same length, other content
+    assert len(long_a) == len(long_b) >= MEMO_MIN_CHARS
+    short = "hello there"
+    for text in (long_a, "".join(list(long_a)), long_b, short, short):  # the second: an equal, distinct string
+        assert counted(text) == heuristic_text_tokens(text)
+    assert calls == [long_a, long_b, short, short]  # equal content counted once; short texts always counted
+    counted("x" * MEMO_MIN_CHARS)  # a third long text: the least recently used one (long_a) is forgotten
+    counted(long_a)
+    assert calls[-1] == long_a and len(calls) == 6
+
+
+def test_counting_a_growing_conversation_again_gives_the_same_counts():
+    """The counters remember long texts: a request counted after its predecessors (whose messages it
+    repeats) gets the count a fresh count of it gives."""
+    from tracker.counting import counters
+
+    registry = build_registry(Settings.of())
+    rng = random.Random(5)
+    messages: list[dict[str, str]] = []
+    requests = []
+    for turn in range(6):
+        body = " ".join(
+            rng.choice(["build", "export", "Zeitüberschreitung", "超时", "4096", '{"k": 1}']) for _ in range(300)
+        )
+        messages.append({"role": "user" if turn % 2 == 0 else "assistant", "content": f"turn {turn}: {body}"})
+        requests.append(CanonicalRequest.from_dict({"system": "Be brief.", "messages": list(messages)}))
+    for counter, model in ((ExactLocalCounter(), "gpt-4o"), (HeuristicCounter(), "claude-sonnet-4-5")):
+        spec = registry.get(model)
+        remembered = [counter.count(r, spec).input_tokens for r in requests]
+        counters._exact_text_tokens.cache_clear()  # a fresh memo for the exact counter
+        fresh = [counters.chat_tokens(r, _fresh_text_count(counter, spec), lambda i: 0) for r in requests]
+        assert remembered == fresh and remembered == sorted(remembered), (counter.name, remembered, fresh)
+
+
+def _fresh_text_count(counter, spec):
+    if isinstance(counter, ExactLocalCounter):
+        encode = load_encoding(spec.encoding).encode_ordinary
+        return lambda text: len(encode(text)) if text else 0
+    return heuristic_text_tokens
