@@ -11,16 +11,18 @@ on one worker (their module-scoped servers are built once); tests that race proc
 other or read the event feed while they write run in the ``serial`` group, one after another on one
 worker. Two file locks the workers share keep them apart from what would disturb them:
 
-* ``pg``: a ``serial`` test holds it exclusively, every other integration or e2e test shares it.
-  The races keep transactions open on the PostgreSQL server without a pause, and the event feed
-  only shows what every transaction older than it has finished with (on the whole server).
+* ``pg``: a ``serial`` test holds it exclusively, every other test on the PostgreSQL server shares
+  it (every integration and e2e module but those in ``NO_POSTGRES_MODULES``). The races keep
+  transactions open on the server without a pause, and the event feed only shows what every
+  transaction older than it has finished with (on the whole server).
 * ``cpu``: the tests in ``ALONE`` (latency ratios, replication lag, a balancer's fairness) hold it
-  exclusively; every other test shares it. So a unit test (no server, no feed) runs beside a race,
-  never beside a latency ratio.
+  exclusively; every other test shares it. So a unit test or a SQLite-only module runs beside a
+  race, never beside a latency ratio.
 
 A waiting exclusive holder lets no new test start (the turnstile), so it never starves. The order
-the workers take work in: the ``serial`` group first, then the unit tests (so the second worker runs
-them while the first runs the races), then the other modules, the longest first.
+the workers take work in: the ``serial`` group first, then the modules that need no ``pg`` lock (the
+second worker runs them while the first runs the races), then the other modules, the longest first
+in each, and the unit tests last (small pieces that even out the two workers' ends).
 """
 
 from __future__ import annotations
@@ -33,61 +35,13 @@ from pathlib import Path
 import pytest
 
 from tests.support.db import REDIS_URL, create_pg_database, drop_pg_database, sqlalchemy_url
-
-# CPU-sensitive tests (16-process races, latency ratios, wall-clock budgets): one group, so they never
-# race each other for the machine's cores. (A test may also say so itself: @pytest.mark.xdist_group("serial").)
-SERIAL_MODULES = {
-    "tests.integration.test_service_race",
-    "tests.integration.test_store_concurrency",
-    "tests.integration.test_hot_path",
-    "tests.integration.test_fleets_race",
-    # the topologies' races: processes racing through a restarted PgBouncer or a failing-over Redis, on a
-    # replica's feed under writers (their counts of acknowledged writes and killed connections need the CPU)
-    "tests.integration.test_topology_pgbouncer",
-    "tests.integration.test_topology_redis",
-    "tests.integration.test_topology_replica",
-    # a LangChain and an AI SDK agent process racing for one basis (tests/e2e/test_cross_language_race.py)
-    "tests.e2e.test_cross_language_race",
-}
-# Tests that write on PostgreSQL and read the event feed at once: the feed shows an event only when every
-# transaction older than it has ended on the whole server (any database), so another test's migration or
-# open transaction beside them would hide their own writes. They run alone too.
-SERIAL_TESTS = {
-    "tests.integration.test_store_contract": {
-        "test_read_all_is_ordered_and_pages",
-        "test_read_all_session_prefix_filters_exactly_and_pages",
-    },
-    # holds a transaction open to hold the feed back (which would hide every other test's feed reads)
-    "tests.integration.test_calibration_book": {"test_own_reports_count_at_once_and_others_after_a_refresh"},
-}
-
-
-# Serial tests that must not share the CPU either (the ``cpu`` lock, exclusively).
-ALONE_MODULES = {
-    "tests.integration.test_hot_path",  # wake-up counts and the scale bench's timings
-    "tests.integration.test_topology_replica",  # replication lag within a bound
-    "tests.e2e.test_topology_balancer",  # each replica's share of a fleet's requests
-}
-ALONE_TESTS = {
-    "tests.e2e.test_api_hostile": {"test_open_waits_of_one_fleet_leave_another_fleets_observe_p99_within_2x"}
-}
-# The modules that take longest (minutes of CPU between them): taken first after the unit tests, so
-# that no worker is left alone with one of them at the end.
-LONGEST_FIRST = (
-    "test_streaming",
-    "test_typescript_client",
-    "test_readme",
-    "test_console",
-    "test_cli_e2e",
-    "test_api_hostile",
-    "test_integrations_openai_agents",
-    "test_counting_celery",
-    "test_api",
-    "test_api_fuzz",
-    "test_cli_hostile",
-    "test_integrations_langchain",
-    "test_story_reads",
-    "test_service",
+from tests.support.schedule import (
+    ALONE_MODULES,
+    ALONE_TESTS,
+    LONGEST_FIRST,
+    NO_POSTGRES_MODULES,
+    SERIAL_MODULES,
+    SERIAL_TESTS,
 )
 
 
@@ -112,12 +66,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
     def rank(pair: tuple[int, pytest.Item]) -> tuple[int, int, int]:
         i, item = pair
+        module = _module(item)
+        short = module.rsplit(".", 1)[-1]
+        longest = LONGEST_FIRST.index(short) if short in LONGEST_FIRST else len(LONGEST_FIRST)
         if _is_serial(item):
             return (0, 0, i)
-        if _module(item).startswith("tests.unit."):
-            return (1, 0, i)
-        short = _module(item).rsplit(".", 1)[-1]
-        return (2, LONGEST_FIRST.index(short) if short in LONGEST_FIRST else len(LONGEST_FIRST), i)
+        if module in NO_POSTGRES_MODULES:
+            return (1, longest, i)
+        if module.startswith("tests.unit."):
+            return (3, 0, i)  # last: small pieces that even out the workers' ends
+        return (2, longest, i)
 
     items[:] = [item for _, item in sorted(enumerate(items), key=rank)]
 
