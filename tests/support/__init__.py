@@ -6,7 +6,6 @@
 * ``zygote``   the pre-imported interpreter each ``tracker …`` command is forked from
 * ``procs``    free ports, a port probe, private Redis servers, the PostgreSQL server's log,
                ``racing_context()`` (racing processes forked from a preloaded server)
-* ``schedule`` which tests run alone or beside what, and in what order (``tests/conftest.py``)
 * ``workers``  a Celery count worker the tests can kill
 * ``counters``, ``fake_provider``  test doubles (misbehaving counters, a fake token-counting provider)
 """
