@@ -457,7 +457,7 @@ def heuristic_image_tokens(part: ImagePart, base: int = DEFAULT_IMAGE_BASE, tile
     return max(openai, anthropic)
 
 
-_heuristic_memo = memoized(lambda text: heuristic_text_tokens(text))
+_heuristic_memo = memoized(heuristic_text_tokens)
 
 
 def heuristic_request_tokens(request: CanonicalRequest, model: ModelSpec | None = None) -> int:
