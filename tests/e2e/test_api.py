@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.api import ApiServer, api_server
+from tests.support.api import ApiServer, api_server, settled_feed
 from tests.support.cli import Cli
 from tests.support.db import create_pg_database, drop_pg_database
 from tests.support.db import sqlalchemy_url as _sqlalchemy_url
@@ -519,7 +519,7 @@ def test_fleets_are_isolated_on_every_session_endpoint(a, b, server):
     d = observe(a, s, "m1", 90_000)
     att = d["attempt"]
     a_state = a.get(f"/v1/sessions/{s}").json()
-    a_feed_before = a.get("/v1/events", params={"limit": 1000}).json()["events"]
+    a_feed_before = settled_feed(a, lambda events: sum(e["session_id"] == s for e in events) == d["version"])
 
     # B reads: 404, exactly as for a session that does not exist anywhere
     assert_error(b.get(f"/v1/sessions/{s}"), 404, "unknown_session")
@@ -551,7 +551,7 @@ def test_fleets_are_isolated_on_every_session_endpoint(a, b, server):
     assert b.get(f"/v1/sessions/{s}").json()["version"] == 4
     assert a.get(f"/v1/sessions/{s}").json() == a_state
     assert [e for e in a.get("/v1/events", params={"limit": 1000}).json()["events"]] == a_feed_before
-    b_feed = b.get("/v1/events", params={"limit": 1000}).json()["events"]
+    b_feed = settled_feed(b, lambda events: sum(e["session_id"] == s for e in events) >= 4)
     assert {e["position"] for e in b_feed}.isdisjoint({e["position"] for e in a_feed_before})
     assert [e["type"] for e in b_feed if e["session_id"] == s] == [
         "SessionStarted",

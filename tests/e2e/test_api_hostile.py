@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.api import api_server
+from tests.support.api import api_server, settled_feed
 from tests.support.procs import free_port
 from tracker.bench.procs import stop_server
 from tracker.http.errors import codes_by_status
@@ -874,7 +874,9 @@ def test_hostile_suite_other_fleets_ids(server, a, b):
             assert out["code"] in ("unknown_session", "unknown_attempt"), out
             assert f":{s}" not in json.dumps(out)  # never another fleet's internal id (its fleet prefix)
         CASES_TRIED.append(f"{method} {path} other fleet")
-    # nothing of A's shows in B's feed or history
+    # nothing of A's shows in B's feed or history (read once A's own feed shows the session: the feed's
+    # horizon has passed A's events by then)
+    settled_feed(a, lambda events: any(e["session_id"] == s for e in events))
     assert all(not e["session_id"].endswith(s) for e in b.get("/v1/events", params={"limit": 1000}).json()["events"])
 
 

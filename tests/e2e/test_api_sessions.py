@@ -19,6 +19,7 @@ import pytest
 
 from tests.e2e import test_api as api
 from tests.e2e.test_api import assert_error, cli_json, observe, run_cli, sid
+from tests.support.api import settled_feed
 from tracker import AsyncTrackerClient, TrackerClient
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
@@ -202,8 +203,11 @@ def test_cli_finds_http_sessions_with_fleet(a, b, server):
     assert only_a in table and server.fleet_a["fleet_id"] not in table
 
     # export --fleet: the fleet's feed, by the agent's ids
+    versions = {x: a.get(f"/v1/sessions/{x}").json()["version"] for x in (s, only_a)}
+    feed = settled_feed(
+        a, lambda events: all(sum(e["session_id"] == x for e in events) == v for x, v in versions.items())
+    )
     exported = [json.loads(line) for line in run_cli(env, "export", "--fleet", name_a).stdout.splitlines()]
-    feed = a.get("/v1/events", params={"limit": 1000}).json()["events"]
     assert exported == feed and {s, only_a} <= {e["session_id"] for e in exported}
     everything = [json.loads(line) for line in run_cli(env, "export").stdout.splitlines()]
     assert len(everything) > len(exported)  # without --fleet: every fleet, ids as stored

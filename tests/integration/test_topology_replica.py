@@ -30,6 +30,7 @@ import httpx
 import pytest
 from sqlalchemy.engine import make_url
 
+from tests.support.api import settled_feed
 from tests.support.cli import run_tracker
 from tests.support.measurements import measurement
 from tests.support.topology import PgReplication, postgres_bin, wait_for
@@ -337,8 +338,8 @@ def test_the_read_side_reads_the_replica_and_the_decisions_the_primary(repl, ser
         primary_mark, replica_mark = len(repl.log("primary")), len(repl.log("replica"))
         assert [e["version"] for e in c.get(f"/v1/sessions/{sid}/history").json()["events"]] == [1, 2, 3, 4]
         assert sid in [row["session_id"] for row in c.get("/v1/sessions").json()["sessions"]]
-        feed = c.get("/v1/events", params={"limit": 1000}).json()
-        assert [e["version"] for e in feed["events"] if e["session_id"] == sid] == [1, 2, 3, 4]
+        feed = settled_feed(c, lambda events: sum(e["session_id"] == sid for e in events) >= 4)
+        assert [e["version"] for e in feed if e["session_id"] == sid] == [1, 2, 3, 4]
         console = httpx.Client(base_url=server["url"], timeout=30)
         signin = console.post("/console/signin", data={"key": server["token"]})
         assert signin.status_code == 303, signin.text

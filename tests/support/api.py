@@ -10,11 +10,16 @@ this process's (or, with ``clean=True``, only what is given) with the scratch da
 ``TRACKER_TEST_REDIS`` (unless ``redis=False``) and never a broker. Fleets are made through the store
 (``via_cli=True``: with the real ``tracker fleet create`` / ``key create`` commands, the first key by
 fleet name and the others by fleet id). ``seed(db_url, fleets)`` runs before the server starts.
+
+``settled_feed(client, done)`` reads a fleet's ``/v1/events`` until ``done(events)`` holds: the feed
+shows an event once every transaction that began writing before it has ended *on the whole PostgreSQL
+server* (another test's too), so a read right after a write may not show it yet.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -148,3 +153,23 @@ def api_server(
                     server._engine.dispose()
             if log_file is not None:
                 log_file.close()
+
+
+def settled_feed(
+    client: httpx.Client,
+    done: Callable[[list[dict[str, Any]]], bool],
+    *,
+    timeout_s: float = 30.0,
+    **params: Any,
+) -> list[dict[str, Any]]:
+    """``GET /v1/events`` (``limit=1000`` unless given) until ``done(events)``; after ``timeout_s``,
+    the last page read (the caller's assertion then says what is missing)."""
+    params.setdefault("limit", 1000)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        r = client.get("/v1/events", params=params)
+        assert r.status_code == 200, r.text
+        events: list[dict[str, Any]] = r.json()["events"]
+        if done(events) or time.monotonic() > deadline:
+            return events
+        time.sleep(0.05)
