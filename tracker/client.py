@@ -36,7 +36,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Generic, Literal, TypeVar, Unpack
@@ -415,6 +415,47 @@ def _line(raw: bytes) -> bytes:
     return raw
 
 
+#: what :func:`_response_reader` asks for next, besides a count of bytes: one line, or the rest of the stream
+_LINE, _REST = -1, -2
+
+
+def _response_reader() -> Generator[int, bytes, tuple[_Answer, bool]]:
+    """One HTTP/1.1 response, read sans I/O (both wires drive it): yields what it needs next (``_LINE``,
+    ``_REST`` or a number of bytes), is sent those bytes, and returns (the answer, whether the connection
+    can be reused). Informational (1xx) responses are skipped; garbage is a ``ValueError``."""
+    while True:
+        meta = _Head(_line((yield _LINE)))
+        for _ in range(MAX_HEAD_LINES):
+            raw = _line((yield _LINE))
+            if raw in (b"\r\n", b"\n"):
+                break
+            meta.header(raw)
+        else:
+            raise ValueError("too many header lines")
+        if not meta.informational:
+            break
+    if meta.bodiless:
+        content = b""
+    elif meta.chunked:
+        parts = []
+        while True:
+            size = int(_line((yield _LINE)).split(b";", 1)[0].strip(), 16)
+            if size < 0:
+                raise ValueError("a negative chunk size")
+            if size == 0:
+                while _line((yield _LINE)) not in (b"\r\n", b"\n"):
+                    pass
+                break
+            parts.append((yield size))
+            _line((yield _LINE))
+        content = b"".join(parts)
+    elif meta.length is not None:
+        content = yield meta.length
+    else:
+        content, meta.close = (yield _REST), True
+    return _Answer(meta.status, content), not meta.close
+
+
 class _Origin:
     """Where the requests go: host, port, TLS, the path prefix, and the fixed part of every request head."""
 
@@ -480,36 +521,18 @@ class _SocketConnection:
     def exchange(self, head: bytes, body: bytes | None) -> tuple[_Answer, bool]:
         """Send one request, read its response: (the answer, whether the connection can be reused)."""
         self.sock.sendall(head + body if body is not None else head)
-        f = self.file
-        while True:
-            meta = _Head(_line(f.readline(MAX_HEAD_LINE)))
-            for _ in range(MAX_HEAD_LINES):
-                raw = _line(f.readline(MAX_HEAD_LINE))
-                if raw in (b"\r\n", b"\n"):
-                    break
-                meta.header(raw)
-            else:
-                raise ValueError("too many header lines")
-            if not meta.informational:
-                break
-        if meta.bodiless:
-            content = b""
-        elif meta.chunked:
-            parts = []
+        f, reader = self.file, _response_reader()
+        want = next(reader)
+        try:
             while True:
-                size = int(_line(f.readline(MAX_HEAD_LINE)).split(b";", 1)[0].strip(), 16)
-                if size == 0:
-                    while _line(f.readline(MAX_HEAD_LINE)) not in (b"\r\n", b"\n"):
-                        pass
-                    break
-                parts.append(self._exactly(size))
-                _line(f.readline(MAX_HEAD_LINE))
-            content = b"".join(parts)
-        elif meta.length is not None:
-            content = self._exactly(meta.length)
-        else:
-            content, meta.close = f.read(), True
-        return _Answer(meta.status, content), not meta.close
+                if want == _LINE:
+                    want = reader.send(f.readline(MAX_HEAD_LINE))
+                elif want == _REST:
+                    want = reader.send(f.read())
+                else:
+                    want = reader.send(self._exactly(want))
+        except StopIteration as done:
+            return done.value
 
     def _exactly(self, n: int) -> bytes:
         data = self.file.read(n)
@@ -597,36 +620,18 @@ class _StreamConnection:
 
     async def exchange(self, head: bytes, body: bytes | None) -> tuple[_Answer, bool]:
         self.writer.write(head + body if body is not None else head)
-        r = self.reader
-        while True:
-            meta = _Head(_line(await r.readline()))
-            for _ in range(MAX_HEAD_LINES):
-                raw = _line(await r.readline())
-                if raw in (b"\r\n", b"\n"):
-                    break
-                meta.header(raw)
-            else:
-                raise ValueError("too many header lines")
-            if not meta.informational:
-                break
-        if meta.bodiless:
-            content = b""
-        elif meta.chunked:
-            parts = []
+        r, reader = self.reader, _response_reader()
+        want = next(reader)
+        try:
             while True:
-                size = int(_line(await r.readline()).split(b";", 1)[0].strip(), 16)
-                if size == 0:
-                    while _line(await r.readline()) not in (b"\r\n", b"\n"):
-                        pass
-                    break
-                parts.append(await r.readexactly(size))
-                _line(await r.readline())
-            content = b"".join(parts)
-        elif meta.length is not None:
-            content = await r.readexactly(meta.length)
-        else:
-            content, meta.close = await r.read(), True
-        return _Answer(meta.status, content), not meta.close
+                if want == _LINE:
+                    want = reader.send(await r.readline())
+                elif want == _REST:
+                    want = reader.send(await r.read())
+                else:
+                    want = reader.send(await r.readexactly(want))
+        except StopIteration as done:
+            return done.value
 
     def close(self) -> None:
         self.writer.close()

@@ -197,3 +197,14 @@ def test_a_nan_is_refused_before_anything_is_sent(scripted):
             "s", measurement={"basis": "a", "input_tokens": 1, "input_limit": 10}, compaction_threshold=float("nan")
         )
     assert server.requests == []
+
+
+def test_an_informational_answer_is_skipped_and_bad_framing_is_garbled(scripted):
+    body = json.dumps(POLICY).encode()
+    server = scripted([(b"HTTP/1.1 100 Continue\r\nX-A: b\r\n\r\n" + sized(body), False)] * 4)
+    assert both(server.url) == [EXPECTED] * 4
+    negative = (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n-1\r\nx\r\n0\r\n\r\n", True)
+    endless = (b"HTTP/1.1 200 OK\r\n" + b"X-A: b\r\n" * 200 + b"\r\n", True)
+    server = scripted([negative, endless] * 2)
+    out = both(server.url, retries=0)
+    assert all(isinstance(x, StoreUnavailable) for x in out), out
