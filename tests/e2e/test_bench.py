@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from tests.support.cli import run_tracker
+from tests.support.db import PG_ADMIN_URL
 from tracker.bench import SECTIONS, Targets, run_bench
 from tracker.bench.procs import free_port
 from tracker.bench.stats import latency_ms, percentile, ratio, throughput
@@ -119,3 +120,21 @@ def test_store_fixture_is_an_event_the_core_records():
     assert isinstance(event, ContextMeasured)
     assert event.to_data() == EVENT.data
     assert event.measurement["basis"] == "r3:msg-000187" and event.action == "proceed"
+
+
+@pytest.mark.postgres
+def test_the_store_section_measures_both_sides_and_where_their_backends_wait():
+    from tracker.bench.store import run_store_bench
+
+    r = run_store_bench(PG_ADMIN_URL, quick=True, writer_counts=(2,))  # (in a scratch database of its own)
+    assert r["appends_per_s"]["2"] > 0 and r["raw_insert_per_s"]["2"] > 0
+    low, high = r["spread"]["append_vs_raw"]["2"]
+    assert low <= r["append_vs_raw"]["2"] <= high
+    assert r["fold_events_per_s"] > 0 and r["raw_read_events_per_s"] > 0
+    waits = r["waits"]
+    assert waits["writers"] == 2
+    for side in ("store", "raw"):
+        shares = waits[side]
+        assert 0.5 < sum(shares.values()) <= 1.0001 and all(0 < v <= 1 for v in shares.values()), shares
+        # each writer waits for its own client between two commands, and for its commits' WAL flush
+        assert "Client:ClientRead" in shares and any(k.startswith(("IO:WAL", "LWLock:WAL")) for k in shares), shares

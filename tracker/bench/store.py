@@ -9,7 +9,10 @@
 * ``raw_insert_per_s``: the same processes doing psycopg single-row ``INSERT`` + ``COMMIT``
   into a plain table with the same columns (no constraints beyond the primary key, no projection);
 * ``fold_events_per_s``: ``fold_stream`` of one long session, against
-  ``raw_read_events_per_s``: one psycopg ``SELECT`` of the same rows.
+  ``raw_read_events_per_s``: one psycopg ``SELECT`` of the same rows;
+* ``waits``: where the writers' server backends spend a window of 4 writers (after the timed
+  rounds, not timed itself), store and raw: the share of ``pg_stat_activity`` samples (every
+  2 ms) in each wait event (``CPU``: running, no wait) -- what explains the ratios at 4 and 16.
 
 The event written is a real ``ContextMeasured`` as the core decides it (``EVENT``). Writers
 are real processes (``spawn``) started once, warmed, and released together at a common start
@@ -19,8 +22,10 @@ time; only the timed window counts.
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
+from collections import Counter
 from typing import Any
 
 from tracker.bench.procs import barrier_pool, create_scratch_db, drop_scratch_db, wait_at_start_line
@@ -178,6 +183,43 @@ def _window(pool: Any, fn: Any, url: str, n: int, duration: float, tag: str) -> 
     return throughput(sum(counts), duration)
 
 
+# The writers' backends, each sampled as what it waits on: running (``CPU``), a wait event, or idle
+# for a moment between two commands of its client (``Client:ClientRead``). Connections idle for
+# longer (the pool's other processes) are left out.
+_WAITS = (
+    "SELECT CASE WHEN state = 'active' THEN coalesce(wait_event_type || ':' || wait_event, 'CPU') "
+    "ELSE 'Client:ClientRead' END FROM pg_stat_activity "
+    "WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend' "
+    "AND (state = 'active' OR clock_timestamp() - state_change < interval '50 milliseconds')"
+)
+
+
+def _wait_profile(pool: Any, fn: Any, url: str, n: int, duration: float, tag: str) -> dict[str, float]:
+    """One untimed window of ``n`` writers while ``pg_stat_activity`` is sampled every 2 ms: the share
+    of samples per wait event of their backends, largest first (``Client:ClientRead``: waiting for
+    the client's next command, idle or in a transaction)."""
+    import psycopg
+
+    seen: Counter[str] = Counter()
+    stop = threading.Event()
+
+    def sample() -> None:
+        with psycopg.connect(url, autocommit=True) as conn:
+            while not stop.is_set():
+                seen.update(row[0] for row in conn.execute(_WAITS))
+                time.sleep(0.002)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        _window(pool, fn, url, n, duration, tag)
+    finally:
+        stop.set()
+        sampler.join()
+    total = sum(seen.values()) or 1
+    return {event: round(count / total, 3) for event, count in seen.most_common(6)}
+
+
 def _fold_bench(url: str, n_events: int, repeats: int) -> tuple[float, float]:
     import psycopg
 
@@ -250,6 +292,11 @@ def run_store_bench(
                         one[f"{tag}:{n}"] = _window(pool, fn, url, n, duration, tag)
                     one[f"ratio:{n}"] = ratio(one[f"store:{n}"], one[f"raw:{n}"])
                 measured.append(one)
+            waits_n = 4 if 4 in writer_counts else max(writer_counts)
+            waits = {
+                tag: _wait_profile(pool, fn, url, waits_n, duration, tag)
+                for tag, fn in (("store", _store_writer), ("raw", _raw_writer))
+            }
             phases["appends"] = time.perf_counter() - t0 - phases["setup"]
         fold_rate, raw_read_rate = _fold_bench(url, fold_events, 2 if quick else 3)
         phases["fold"] = time.perf_counter() - t0 - phases["setup"] - phases["appends"]
@@ -276,6 +323,7 @@ def run_store_bench(
                 for n in writer_counts
             },
         },
+        "waits": {"writers": waits_n, **waits},
         "fold_events_per_s": fold_rate,
         "raw_read_events_per_s": raw_read_rate,
         "fold_vs_raw_read": ratio(fold_rate, raw_read_rate),
