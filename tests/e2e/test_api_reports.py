@@ -8,7 +8,6 @@ count of the same fleet and model -- and never another fleet's, whatever that fl
 
 from __future__ import annotations
 
-import time
 import uuid
 from typing import Any
 
@@ -17,6 +16,7 @@ import pytest
 
 from tests.support.api import api_server
 from tests.support.cli import Cli
+from tests.support.db import settled
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
@@ -68,21 +68,24 @@ def history(c: httpx.Client, session: str) -> list[dict[str, Any]]:
     return r.json()["events"]
 
 
-def calibration(c: httpx.Client, model: str = MODEL["name"], **settled: int) -> list[dict[str, Any]]:
-    """The fleet's calibration rows of ``model``; with ``settled`` (``usage_reports=20``), once its row says so.
+def calibration(c: httpx.Client, model: str = MODEL["name"], **expect: int) -> list[dict[str, Any]]:
+    """The fleet's calibration rows of ``model``; with ``expect`` (``usage_reports=20``), once its row says so.
 
     The book reads the log up to the oldest transaction still open in the whole cluster (the feed's
     safe horizon, ``read_all``), so a report just recorded may show a moment later when other
     transactions are in flight: awaited here, on the condition, until a deadline."""
-    deadline = time.monotonic() + 30
-    while True:
+
+    def read() -> list[dict[str, Any]]:
         r = c.get("/v1/calibration")
         assert r.status_code == 200, r.text
-        rows = [row for row in r.json()["models"] if row["model"] == model]
-        if not settled or any(all(row[k] == v for k, v in settled.items()) for row in rows):
-            return rows
-        assert time.monotonic() < deadline, f"calibration of {model} never showed {settled}: {rows}"
-        time.sleep(0.05)
+        return [row for row in r.json()["models"] if row["model"] == model]
+
+    def shown(rows: list[dict[str, Any]]) -> bool:
+        return not expect or any(all(row[k] == v for k, v in expect.items()) for row in rows)
+
+    rows = settled(read, shown)
+    assert shown(rows), f"calibration of {model} never showed {expect}: {rows}"
+    return rows
 
 
 def test_usage_is_recorded_once_and_listed_in_calibration(a, b):
@@ -235,12 +238,10 @@ def test_calibration_moves_only_its_own_fleets_decisions(server, a, b):
     # (a new process folds the reports once the log's horizon has passed them: that horizon is the whole
     # PostgreSQL server's, and another test's migration beside this one holds it back a moment)
     cli = Cli(server.env)
-    deadline = time.monotonic() + 30
-    while True:
-        everything = [r for r in cli.json("calibration", "--json") if r["model"] == model["name"]]
-        if sum(r["samples"] for r in everything) >= 40 or time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
+    everything = settled(
+        lambda: [r for r in cli.json("calibration", "--json") if r["model"] == model["name"]],
+        lambda rows: sum(r["samples"] for r in rows) >= 40,
+    )
     assert sorted(r["fleet_name"] for r in everything) == sorted(f["name"] for f in server.fleets)
     (only_a,) = [
         r for r in cli.json("calibration", "--fleet", server.fleet_a["name"], "--json") if r["model"] == model["name"]

@@ -29,6 +29,7 @@ import pytest
 
 from tests.support.cli import Cli as HarnessCli
 from tests.support.cli import clean_env
+from tests.support.db import settled
 from tests.support.procs import stop_process_group
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -128,9 +129,7 @@ def audit_flow(cli: Cli, *, workers: int, sessions: int, distributed: bool) -> d
     expected = sum(r["events"] for r in demo["sessions"]) + sum(
         r["version"] for s, r in listed.items() if s not in by_id
     )
-    deadline = time.monotonic() + 30
-    while len(everything := cli.lines("export", "--json")) < expected and time.monotonic() < deadline:
-        time.sleep(0.1)
+    everything = settled(lambda: cli.lines("export", "--json"), lambda events: len(events) >= expected)
     assert len(everything) == expected
     positions = [e["position"] for e in everything]
     assert positions == sorted(positions) and len(set(positions)) == len(positions)

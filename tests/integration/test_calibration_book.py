@@ -9,11 +9,11 @@ reused for another report is refused.
 from __future__ import annotations
 
 import itertools
-import time
 
 import psycopg
 import pytest
 
+from tests.support.db import settled
 from tracker.calibrations import CalibrationBook, ledger_of
 from tracker.core import Policy, SessionProjector
 from tracker.errors import InvalidInput
@@ -80,12 +80,11 @@ def test_own_reports_count_at_once_and_others_after_a_refresh(url):
     # once the log's safe horizon has passed them, the other process's next refresh folds them. That
     # horizon is the whole server's: a transaction of any other client (a server or worker another test
     # is stopping) holds it back for a moment, so the other process decides until it sees them
-    deadline = time.monotonic() + 30
-    for i in itertools.count():
-        d3 = other.observe(f"s4-{i}", measurement=_measurement("x", 50_000)).decision
-        if d3.calibration is not None or time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
+    fresh = itertools.count()
+    d3 = settled(
+        lambda: other.observe(f"s4-{next(fresh)}", measurement=_measurement("x", 50_000)).decision,
+        lambda decision: decision.calibration is not None,
+    )
     assert d3.calibration is not None and d3.calibration["samples"] == 20
     # each report folded once: the book that folded them early and caught up since agrees with the log
     mine.calibrations.refresh(force=True)

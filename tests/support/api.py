@@ -11,15 +11,13 @@ this process's (or, with ``clean=True``, only what is given) with the scratch da
 (``via_cli=True``: with the real ``tracker fleet create`` / ``key create`` commands, the first key by
 fleet name and the others by fleet id). ``seed(db_url, fleets)`` runs before the server starts.
 
-``settled_feed(client, done)`` reads a fleet's ``/v1/events`` until ``done(events)`` holds: the feed
-shows an event once every transaction that began writing before it has ended *on the whole PostgreSQL
-server* (another test's too), so a read right after a write may not show it yet.
+``settled_feed(client, done)`` reads a fleet's ``/v1/events`` until ``done(events)`` holds
+(``tests.support.db.settled``: a read right after a write may not show it yet).
 """
 
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -29,7 +27,7 @@ from typing import Any
 import httpx
 
 from tests.support.cli import Cli, clean_env
-from tests.support.db import REDIS_URL, scratch_database
+from tests.support.db import REDIS_URL, scratch_database, settled
 from tracker.bench.procs import free_port, start_server, stop_server
 
 
@@ -162,14 +160,13 @@ def settled_feed(
     timeout_s: float = 30.0,
     **params: Any,
 ) -> list[dict[str, Any]]:
-    """``GET /v1/events`` (``limit=1000`` unless given) until ``done(events)``; after ``timeout_s``,
-    the last page read (the caller's assertion then says what is missing)."""
+    """``GET /v1/events`` (``limit=1000`` unless given) until ``done(events)`` (see :func:`settled`)."""
     params.setdefault("limit", 1000)
-    deadline = time.monotonic() + timeout_s
-    while True:
+
+    def read() -> list[dict[str, Any]]:
         r = client.get("/v1/events", params=params)
         assert r.status_code == 200, r.text
         events: list[dict[str, Any]] = r.json()["events"]
-        if done(events) or time.monotonic() > deadline:
-            return events
-        time.sleep(0.05)
+        return events
+
+    return settled(read, done, timeout_s=timeout_s)

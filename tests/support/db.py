@@ -5,20 +5,40 @@ Every database (``<prefix>_<random>``) is made on the server at ``TRACKER_TEST_P
 workers and helper processes never collide. Redis tests use ``TRACKER_TEST_REDIS`` (default
 ``redis://127.0.0.1:6379/0``) with a key prefix or a private server of their own.
 
+``settled(read, done)`` reads again until the value is complete: PostgreSQL's event feed (and what is
+read through it: exports, the calibration reports) shows an event once every transaction older than it
+has ended on the whole server -- another test's migration too -- so a read right after a write may
+not show it yet.
+
 Nothing here connects at import: the unit tier imports none of it anyway.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TypeVar
 
 from tracker.bench.procs import create_scratch_db, drop_scratch_db
 from tracker.settings import normalize_database_url
 
 PG_ADMIN_URL = os.environ.get("TRACKER_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 REDIS_URL = os.environ.get("TRACKER_TEST_REDIS", "redis://127.0.0.1:6379/0")
+
+T = TypeVar("T")
+
+
+def settled(read: Callable[[], T], done: Callable[[T], bool], *, timeout_s: float = 30.0) -> T:
+    """``read()`` until ``done(value)``; after ``timeout_s``, the last value read (the caller's
+    assertion then says what is missing)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = read()
+        if done(value) or time.monotonic() > deadline:
+            return value
+        time.sleep(0.05)
 
 
 def sqlalchemy_url(libpq_url: str) -> str:
