@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from tests.support.cli import run_tracker
-from tests.support.db import PG_ADMIN_URL
+from tests.support.db import PG_ADMIN_URL, REDIS_URL
 from tracker.bench import SECTIONS, Targets, run_bench
 from tracker.bench.procs import free_port
 from tracker.bench.stats import latency_ms, percentile, ratio, throughput
@@ -124,7 +124,7 @@ def test_store_fixture_is_an_event_the_core_records():
 
 @pytest.mark.postgres
 def test_the_store_section_measures_both_sides_and_where_their_backends_wait():
-    from tracker.bench.store import run_store_bench
+    from tracker.bench.store import EVENT, run_store_bench
 
     r = run_store_bench(PG_ADMIN_URL, quick=True, writer_counts=(2,))  # (in a scratch database of its own)
     assert r["appends_per_s"]["2"] > 0 and r["raw_insert_per_s"]["2"] > 0
@@ -138,3 +138,21 @@ def test_the_store_section_measures_both_sides_and_where_their_backends_wait():
         assert 0.5 < sum(shares.values()) <= 1.0001 and all(0 < v <= 1 for v in shares.values()), shares
         # each writer waits for its own client between two commands, and for its commits' WAL flush
         assert "Client:ClientRead" in shares and any(k.startswith(("IO:WAL", "LWLock:WAL")) for k in shares), shares
+    # every append writes at least its event's JSON to the WAL (the figure is server-wide: others only add)
+    event_bytes = len(json.dumps(EVENT.data))
+    assert r["wal_bytes"]["store"] >= event_bytes and r["wal_bytes"]["raw"] >= event_bytes, r["wal_bytes"]
+
+
+@pytest.mark.postgres
+@pytest.mark.redis
+def test_the_service_section_measures_observe_beside_raw_and_what_one_observe_writes():
+    from tracker.bench.service import run_service_bench
+    from tracker.bench.store import EVENT
+
+    r = run_service_bench(PG_ADMIN_URL, REDIS_URL, quick=True, process_counts=(1,))  # (a scratch database)
+    assert r["processes"]["1"]["observe_per_s"] > 0 and r["raw_insert_per_s"]["1"] > 0
+    low, high = r["spread"]["observe_vs_raw"]["1"]
+    assert low <= r["observe_vs_raw"]["1"] <= high
+    # an observe writes its ContextMeasured event (about the size of the store section's) and the
+    # session's projection row; the figure is server-wide, so other writers can only add to it
+    assert r["wal_bytes_per_observe"] >= len(json.dumps(EVENT.data)), r["wal_bytes_per_observe"]

@@ -5,7 +5,8 @@ given, so counting is excluded), with the Redis session lock, the load → decid
 path and the projection, measured in one timed window after a common start. Next to it, in
 each round, by the same processes on the same database, the raw psycopg single-row INSERT +
 COMMIT baseline of the store bench (the cheapest durable write the database can do), giving
-``observe_vs_raw`` per process count as a ratio within each round.
+``observe_vs_raw`` per process count as a ratio within each round. ``wal_bytes_per_observe``:
+the WAL one observe writes (one process, after the rounds), beside the store section's ``wal_bytes``.
 
 Each process builds its ``Tracker`` with ``Tracker.from_settings(Settings.of(...))``, the same
 composition root every entry point uses.
@@ -16,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import time
 import uuid
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from tracker.bench.procs import barrier_pool, create_scratch_db, drop_scratch_db, wait_at_start_line
@@ -23,6 +25,7 @@ from tracker.bench.stats import latency_ms, over_rounds, ratio, throughput
 from tracker.settings import normalize_database_url
 
 if TYPE_CHECKING:  # pragma: no cover
+    from tracker.service import Tracker
     from tracker.settings import Settings
 
 PROCESS_COUNTS = (1, 4, 16)
@@ -36,22 +39,16 @@ def _observer(args: tuple[str, str | None, str, float]) -> tuple[int, list[float
     return observe_for(Settings.of(database_url=db_url, redis_url=redis_url), prefix, duration)
 
 
-def observe_for(settings: Settings, prefix: str, duration: float) -> tuple[int, list[float]]:
-    """In a pool process: a ``Tracker`` of ``settings`` observes 8 sessions named after ``prefix``,
-    once each untimed, then from the common start line for ``duration`` s; (observes, latencies)."""
-    from tracker.service import Tracker
-
-    t = Tracker.from_settings(settings)
+def observer(t: Tracker, prefix: str) -> Callable[[int], None]:
+    """``one(i)``: the ``i``-th observe of ``t`` on 8 sessions named after ``prefix`` -- a session
+    that climbs and stays under its compact level (the common case: proceed), measurement given."""
     fp = hashlib.sha256(prefix.encode()).hexdigest()
     sessions = [f"{prefix}-{i}" for i in range(8)]
-    latencies: list[float] = []
-    used = 1000
 
     def one(i: int) -> None:
-        # a session that climbs and stays under its compact level: the common case, proceed
         m = {
             "basis": f"m{i}",
-            "input_tokens": used + (i % 500) * 100,
+            "input_tokens": 1000 + (i % 500) * 100,
             "input_limit": 200_000,
             "quality": "exact_local",
             "model": {"provider": "openai", "name": "gpt-4o"},
@@ -59,12 +56,23 @@ def observe_for(settings: Settings, prefix: str, duration: float) -> tuple[int, 
         }
         t.observe(sessions[i % len(sessions)], measurement=m)
 
+    return one
+
+
+def observe_for(settings: Settings, prefix: str, duration: float) -> tuple[int, list[float]]:
+    """In a pool process: a ``Tracker`` of ``settings`` observes 8 sessions named after ``prefix``,
+    once each untimed, then from the common start line for ``duration`` s; (observes, latencies)."""
+    from tracker.service import Tracker
+
+    t = Tracker.from_settings(settings)
+    one = observer(t, prefix)
+    latencies: list[float] = []
     try:
-        for i in range(len(sessions)):  # untimed: sessions exist, connections warm
+        for i in range(8):  # untimed: sessions exist, connections warm
             one(i)
         wait_at_start_line(300)  # every process is ready: start together
         end = time.time() + duration
-        i = len(sessions)
+        i = 8
         while time.time() < end:
             t0 = time.perf_counter()
             one(i)
@@ -73,6 +81,22 @@ def observe_for(settings: Settings, prefix: str, duration: float) -> tuple[int, 
     finally:
         t.close()
     return len(latencies), latencies
+
+
+def _wal_per_observe(settings: Settings, url: str) -> int:
+    """Bytes of WAL per observe (one process, its sessions started first): the event and the
+    projection row's update with the session's state, in one commit."""
+    from tracker.bench.store import wal_per_op
+    from tracker.service import Tracker
+
+    t = Tracker.from_settings(settings)
+    one = observer(t, f"wal-{uuid.uuid4().hex[:6]}")
+    try:
+        for i in range(8):
+            one(i)
+        return wal_per_op(url, lambda i: one(8 + i))
+    finally:
+        t.close()
 
 
 def run_service_bench(
@@ -91,6 +115,7 @@ def run_service_bench(
     import psycopg
 
     from tracker.bench.store import _RAW_TABLE, _raw_writer, _window
+    from tracker.settings import Settings
     from tracker.store import upgrade
 
     duration = 1.0 if quick else 4.0
@@ -139,6 +164,8 @@ def run_service_bench(
             out["processes"][key] = figures
             spread["processes"][key] = rounds_spread
         out["spread"] = spread
+        # what one observe writes, next to the raw row's WAL (the store section's ``wal_bytes``)
+        out["wal_bytes_per_observe"] = _wal_per_observe(Settings.of(database_url=db_url, redis_url=redis_url), url)
     finally:
         drop_scratch_db(pg_url, name)
     return out

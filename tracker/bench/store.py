@@ -12,7 +12,9 @@
   ``raw_read_events_per_s``: one psycopg ``SELECT`` of the same rows;
 * ``waits``: where the writers' server backends spend a window of 4 writers (after the timed
   rounds, not timed itself), store and raw: the share of ``pg_stat_activity`` samples (every
-  2 ms) in each wait event (``CPU``: running, no wait) -- what explains the ratios at 4 and 16.
+  2 ms) in each wait event (``CPU``: running, no wait) -- what explains the ratios at 4 and 16;
+* ``wal_bytes``: the WAL one append writes, store and raw (``wal_per_op``: one process, after
+  the timed rounds), the size of every commit a writer waits to flush.
 
 The event written is a real ``ContextMeasured`` as the core decides it (``EVENT``). Writers
 are real processes (``spawn``) started once, warmed, and released together at a common start
@@ -256,6 +258,51 @@ def _fold_bench(url: str, n_events: int, repeats: int) -> tuple[float, float]:
         store.close()
 
 
+#: the server's WAL insert position, in bytes: server-wide (a quiet server, as in every bench window)
+_WAL_LSN = "SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn"
+
+
+def wal_per_op(url: str, op: Any, n: int = 500) -> int:
+    """Bytes of WAL per call of ``op(i)``, over ``n`` calls made one after another (libpq ``url``);
+    everything the server writes meanwhile counts, so the bench measures it while nothing else runs."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+
+        def position() -> int:
+            return int(conn.execute(_WAL_LSN).fetchall()[0][0])
+
+        start = position()
+        for i in range(n):
+            op(i)
+        return round((position() - start) / n)
+
+
+def _wal_bytes(url: str) -> dict[str, int]:
+    """WAL per append of ``EVENT``: the store's (on a session of its own) and the raw INSERT + COMMIT's."""
+    import psycopg
+
+    from tracker.store import open_store
+
+    store = open_store(normalize_database_url(url), projector=CountingProjector())
+    raw = psycopg.connect(url)
+    data = json.dumps(EVENT.data)
+    version = [store.append("bench-wal", 0, [EVENT]).last_version]
+
+    def append(_: int) -> None:
+        version[0] = store.append("bench-wal", version[0], [EVENT]).last_version
+
+    def insert(i: int) -> None:
+        raw.execute(_RAW_INSERT, ("bench-wal", i, EVENT.type, data, None))
+        raw.commit()
+
+    try:
+        return {"store": wal_per_op(url, append), "raw": wal_per_op(url, insert)}
+    finally:
+        raw.close()
+        store.close()
+
+
 def run_store_bench(
     pg_url: str, quick: bool = False, *, writer_counts: tuple[int, ...] = WRITER_COUNTS
 ) -> dict[str, Any]:
@@ -298,6 +345,7 @@ def run_store_bench(
                 for tag, fn in (("store", _store_writer), ("raw", _raw_writer))
             }
             phases["appends"] = time.perf_counter() - t0 - phases["setup"]
+        wal = _wal_bytes(url)
         fold_rate, raw_read_rate = _fold_bench(url, fold_events, 2 if quick else 3)
         phases["fold"] = time.perf_counter() - t0 - phases["setup"] - phases["appends"]
     finally:
@@ -324,6 +372,7 @@ def run_store_bench(
             },
         },
         "waits": {"writers": waits_n, **waits},
+        "wal_bytes": wal,
         "fold_events_per_s": fold_rate,
         "raw_read_events_per_s": raw_read_rate,
         "fold_vs_raw_read": ratio(fold_rate, raw_read_rate),
