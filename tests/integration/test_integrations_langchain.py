@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import ast
 import asyncio
-import importlib.util
 import json
 import subprocess
 import sys
 import uuid
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,7 +24,16 @@ from langchain.agents.middleware.types import ModelResponse  # noqa: E402
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage  # noqa: E402
 from pydantic import Field  # noqa: E402
 
-from tests.support.procs import run_example_processes
+from tests.support.examples import (
+    EXAMPLES,
+    INPUT_LIMIT,
+    ROOT,
+    assert_compacted_once,
+    events,
+    example_tracker,
+    load_example,
+    run_example_processes,
+)
 from tests.support.provider_reports import FailingReports, openai_context_error, reports
 from tracker import ContextLimitError, StaleBasis, Tracker  # noqa: E402
 from tracker.integrations import Item, cut_points, default_counter  # noqa: E402
@@ -35,35 +42,16 @@ from tracker.integrations.langchain import ContextTrackerMiddleware, revision_of
 from tracker.settings import Settings  # noqa: E402
 from tracker.store.migrate import upgrade  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
-EXAMPLE = ROOT / "examples" / "langchain_agent.py"
-INPUT_LIMIT = 2808  # example-agent-small: 11000 - 8192
-STEP_GROWTH = 400  # one scripted step (a tool call and a file) adds ~262 tokens; a generous bound
+EXAMPLE = EXAMPLES / "langchain_agent.py"
 
 
-def load_example():
-    spec = importlib.util.spec_from_file_location("langchain_agent_example", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # pydantic resolves the example's annotations through it
-    spec.loader.exec_module(module)
-    return module
-
-
-ex = load_example()
+ex = load_example("langchain_agent")
 
 
 @pytest.fixture
 def tracker(tmp_path):
-    models = tmp_path / "models.json"
-    models.write_text(json.dumps(ex.MODELS))
-    url = f"sqlite:///{tmp_path / 'tracker.db'}"
-    upgrade(url)
-    with Tracker.from_settings(Settings.of(database_url=url, models_file=str(models))) as t:
+    with example_tracker(tmp_path, ex.MODELS) as t:
         yield t
-
-
-def events(tracker, session, *types):
-    return [e for e in tracker.history(session) if not types or e.type in types]
 
 
 def assert_tool_calls_whole(messages):
@@ -85,21 +73,7 @@ def test_context_growing_past_the_compact_level_is_compacted_and_the_next_reques
     session = f"lc-{uuid.uuid4().hex[:8]}"
     report = ex.run(tracker, session, steps=13)
 
-    assert report["answer"].startswith("I read 13 files")
-    kinds = [e.type for e in events(tracker, session, "CompactionStarted", "CompactionCommitted", "CompactionRejected")]
-    assert kinds == ["CompactionStarted", "CompactionCommitted"]
-    (committed,) = events(tracker, session, "CompactionCommitted")
-    before, after = committed.data["tokens_before"], committed.data["tokens_after"]
-    print(f"langchain: tokens_before={before} tokens_after={after} model requests={report['model_requests']}")
-    assert after < before / 2
-
-    # What the model received: the compacted request is exactly what was committed, and the one
-    # before it was the last uncompacted one (one step short of tokens_before, which was never sent).
-    sent = report["model_requests"]
-    k = sent.index(after)
-    assert k > 0 and before - STEP_GROWTH < sent[k - 1] < before
-    assert sent[k - 1] - sent[k] == pytest.approx(before - after, abs=STEP_GROWTH)
-    assert max(sent) < INPUT_LIMIT
+    _, after = assert_compacted_once(tracker, session, report, "langchain")
 
     # the agent state holds the compacted history at revision 2; the model always got the
     # system message, and never a tool call apart from its result

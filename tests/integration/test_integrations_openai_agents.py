@@ -9,11 +9,8 @@ agent is ``examples/openai_agents_agent.py``.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
-import sys
 import uuid
-from pathlib import Path
 
 import pytest
 
@@ -23,7 +20,16 @@ from agents import Agent, ModelResponse, RunConfig, Runner, SQLiteSession, Usage
 from openai.types.responses import ResponseOutputMessage, ResponseOutputText  # noqa: E402
 from openai.types.responses.response_usage import InputTokensDetails  # noqa: E402
 
-from tests.support.procs import run_example_processes
+from tests.support.examples import (
+    COMPACTION_EVENTS,
+    EXAMPLES,
+    INPUT_LIMIT,
+    assert_compacted_once,
+    events,
+    example_tracker,
+    load_example,
+    run_example_processes,
+)
 from tests.support.provider_reports import FailingReports, openai_context_error, reports
 from tracker import ContextLimitError, Tracker  # noqa: E402
 from tracker.errors import InvalidInput  # noqa: E402
@@ -37,31 +43,16 @@ from tracker.integrations.openai_agents import (  # noqa: E402
 from tracker.settings import Settings  # noqa: E402
 from tracker.store.migrate import upgrade  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
-EXAMPLE = ROOT / "examples" / "openai_agents_agent.py"
-INPUT_LIMIT = 2808  # example-agent-small: 11000 - 8192
-STEP_GROWTH = 400  # one scripted step (a function call and a file) adds ~255 tokens; a generous bound
+EXAMPLE = EXAMPLES / "openai_agents_agent.py"
 QUESTION = "What is wrong with the lease handling?"
 
 
-def load_example():
-    spec = importlib.util.spec_from_file_location("openai_agents_agent_example", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-ex = load_example()
+ex = load_example("openai_agents_agent")
 
 
 @pytest.fixture
 def tracker(tmp_path):
-    models = tmp_path / "models.json"
-    models.write_text(json.dumps(ex.MODELS))
-    url = f"sqlite:///{tmp_path / 'tracker.db'}"
-    upgrade(url)
-    with Tracker.from_settings(Settings.of(database_url=url, models_file=str(models))) as t:
+    with example_tracker(tmp_path, ex.MODELS) as t:
         yield t
 
 
@@ -69,12 +60,8 @@ def new_session(prefix: str = "oa") -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
-def events(tracker, session, *types):
-    return [e for e in tracker.history(session) if not types or e.type in types]
-
-
 def kinds(tracker, session):
-    return [e.type for e in events(tracker, session, "CompactionStarted", "CompactionCommitted", "CompactionRejected")]
+    return [e.type for e in events(tracker, session, *COMPACTION_EVENTS)]
 
 
 def assert_calls_whole(items):
@@ -104,18 +91,7 @@ def test_the_run_compacts_through_the_tracker_and_the_model_then_gets_a_shorter_
     session = new_session()
     report = asyncio.run(ex.run(tracker, session, steps=13))
 
-    assert report["answer"].startswith("I read 13 files")
-    assert kinds(tracker, session) == ["CompactionStarted", "CompactionCommitted"]
-    (committed,) = events(tracker, session, "CompactionCommitted")
-    before, after = committed.data["tokens_before"], committed.data["tokens_after"]
-    print(f"openai-agents: tokens_before={before} tokens_after={after} model inputs={report['model_requests']}")
-    assert after < before / 2
-
-    sent = report["model_requests"]
-    k = sent.index(after)  # the input the model received right after the commit is the committed one
-    assert k > 0 and before - STEP_GROWTH < sent[k - 1] < before
-    assert sent[k - 1] - sent[k] == pytest.approx(before - after, abs=STEP_GROWTH)
-    assert max(sent) < INPUT_LIMIT
+    assert_compacted_once(tracker, session, report, "openai-agents")
 
 
 def test_every_input_keeps_the_instructions_the_tools_and_each_call_with_its_output(tracker):

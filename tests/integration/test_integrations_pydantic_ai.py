@@ -7,11 +7,7 @@ counting: nothing of the tracker is mocked. The agent is ``examples/pydantic_ai_
 from __future__ import annotations
 
 import asyncio
-import importlib.util
-import json
-import sys
 import uuid
-from pathlib import Path
 
 import pytest
 
@@ -32,42 +28,31 @@ from pydantic_ai.messages import (  # noqa: E402
 from pydantic_ai.models.function import FunctionModel  # noqa: E402
 from pydantic_ai.usage import RequestUsage  # noqa: E402
 
-from tests.support.procs import run_example_processes
+from tests.support.examples import (
+    EXAMPLES,
+    INPUT_LIMIT,
+    assert_compacted_once,
+    events,
+    example_tracker,
+    load_example,
+    run_example_processes,
+)
 from tests.support.provider_reports import FailingReports, anthropic_context_body, reports
 from tracker import ContextLimitError, Tracker  # noqa: E402
 from tracker.integrations.pydantic_ai import ContextTrackerCapability, revision_of  # noqa: E402
 from tracker.settings import Settings  # noqa: E402
 from tracker.store.migrate import upgrade  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
-EXAMPLE = ROOT / "examples" / "pydantic_ai_agent.py"
-INPUT_LIMIT = 2808  # example-agent-small: 11000 - 8192
-STEP_GROWTH = 400  # one scripted step (a tool call and a file) adds ~262 tokens; a generous bound
+EXAMPLE = EXAMPLES / "pydantic_ai_agent.py"
 
 
-def load_example():
-    spec = importlib.util.spec_from_file_location("pydantic_ai_agent_example", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-ex = load_example()
+ex = load_example("pydantic_ai_agent")
 
 
 @pytest.fixture
 def tracker(tmp_path):
-    models = tmp_path / "models.json"
-    models.write_text(json.dumps(ex.MODELS))
-    url = f"sqlite:///{tmp_path / 'tracker.db'}"
-    upgrade(url)
-    with Tracker.from_settings(Settings.of(database_url=url, models_file=str(models))) as t:
+    with example_tracker(tmp_path, ex.MODELS) as t:
         yield t
-
-
-def events(tracker, session, *types):
-    return [e for e in tracker.history(session) if not types or e.type in types]
 
 
 def assert_tool_calls_whole(messages):
@@ -92,19 +77,7 @@ def test_context_growing_past_the_compact_level_is_compacted_and_the_next_reques
     session = f"pai-{uuid.uuid4().hex[:8]}"
     report = ex.run(tracker, session, steps=13)
 
-    assert report["answer"].startswith("I read 13 files")
-    kinds = [e.type for e in events(tracker, session, "CompactionStarted", "CompactionCommitted", "CompactionRejected")]
-    assert kinds == ["CompactionStarted", "CompactionCommitted"]
-    (committed,) = events(tracker, session, "CompactionCommitted")
-    before, after = committed.data["tokens_before"], committed.data["tokens_after"]
-    print(f"pydantic-ai: tokens_before={before} tokens_after={after} model requests={report['model_requests']}")
-    assert after < before / 2
-
-    sent = report["model_requests"]
-    k = sent.index(after)
-    assert k > 0 and before - STEP_GROWTH < sent[k - 1] < before
-    assert sent[k - 1] - sent[k] == pytest.approx(before - after, abs=STEP_GROWTH)
-    assert max(sent) < INPUT_LIMIT
+    assert_compacted_once(tracker, session, report, "pydantic-ai")
     assert report["revision"] == 2 and "Files already read" in report["summary"]
 
 

@@ -11,8 +11,6 @@ import socket
 import subprocess
 import tempfile
 import time
-from pathlib import Path
-from typing import Any
 
 from tracker.bench.procs import free_port, stop_process_group
 
@@ -144,34 +142,3 @@ class PostgresLog:
 
     def errors(self) -> list[str]:
         return [line for line in self.lines() if " ERROR: " in line or " FATAL: " in line]
-
-
-def run_example_processes(
-    example: Path, *, database_url: str, redis_url: str, session: str, steps: int = 13, processes: int = 2
-) -> list[dict[str, Any]]:
-    """``processes`` real processes run one of ``examples/`` on one session (its ``--share-redis``), all
-    starting at the same wall-clock moment; each must exit 0, and its last line (``--json``) is its report."""
-    import json
-    import os
-    import sys
-
-    cmd = [
-        sys.executable,
-        str(example),
-        *("--database-url", database_url, "--redis-url", redis_url, "--share-redis", "--no-upgrade"),
-        *("--session", session, "--steps", str(steps), "--summary-delay", "1.0", "--json"),
-        *("--start-at", str(time.time() + 8)),  # time for every interpreter to import and connect first
-    ]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRACKER_")}
-    procs = [
-        subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=example.parents[1]
-        )
-        for _ in range(processes)
-    ]
-    outs = [p.communicate(timeout=240) for p in procs]
-    for p, (_out, err) in zip(procs, outs, strict=True):
-        assert p.returncode == 0, err
-    reports = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
-    print(f"{processes} processes:", [(r["summarizer_calls"], r["model_requests"]) for r in reports])
-    return reports
