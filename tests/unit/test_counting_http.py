@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from contextlib import closing
 
 import pytest
 
@@ -63,12 +64,16 @@ def registry(fake):
             "gpt-5": {"counter": "openai_http"},
         }
     }
-    return ModelRegistry.load(overrides, providers=providers)
+    models = ModelRegistry.load(overrides, providers=providers)
+    yield models
+    models.close()
 
 
 @pytest.fixture
 def backend(registry):
-    return InProcessCounting(registry)
+    counting = InProcessCounting(registry)
+    yield counting
+    counting.close()  # the counters' HTTP connections: closed, not left to the garbage collector
 
 
 def policy(timeout_s: float = 1.0) -> Policy:
@@ -148,12 +153,26 @@ def test_slow_provider_is_count_timeout_within_budget(fake, backend):
 def test_body_that_never_finishes_is_count_timeout(fake, registry):
     fake.reset("hang")
     fake.delay_s = 2.0
-    counter = OpenAIHttpCounter(fake.url, "k", default_timeout_s=0.4)  # called directly: its own timeout
-    spec = registry.get("gpt-5")
-    started = time.monotonic()
-    with pytest.raises(CountTimeout):
-        counter.count(CanonicalRequest.from_dict(REQUEST), spec)
+    # called directly: its own timeout
+    with closing(OpenAIHttpCounter(fake.url, "k", default_timeout_s=0.4)) as counter:
+        spec = registry.get("gpt-5")
+        started = time.monotonic()
+        with pytest.raises(CountTimeout):
+            counter.count(CanonicalRequest.from_dict(REQUEST), spec)
     assert time.monotonic() - started < 1.0
+
+
+def test_closing_the_backend_closes_the_counters_connections_and_a_later_count_opens_them_again(fake, registry):
+    """``Tracker.close`` closes its counting backend: a provider counter's kept-alive connections go with it."""
+    fake.reset("ok")
+    counting = InProcessCounting(registry)
+    first = counting.measure(REQUEST, model="claude-sonnet-4-5", basis=BASIS, policy=policy())
+    client = registry.counter_for("claude-sonnet-4-5")._http()  # the pool the count used
+    counting.close()
+    assert client.is_closed
+    again = counting.measure(REQUEST, model="claude-sonnet-4-5", basis=BASIS, policy=policy())
+    assert again.input_tokens == first.input_tokens and len(fake.requests) == 2
+    counting.close()
 
 
 @pytest.mark.parametrize("mode", ["429", "500", "503", "529"])
@@ -175,8 +194,7 @@ def test_network_error_is_count_timeout(registry):
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     sock.close()  # nothing listens there now
-    counter = AnthropicHttpCounter(f"http://127.0.0.1:{port}", "k")
-    with pytest.raises(CountTimeout) as info:
+    with closing(AnthropicHttpCounter(f"http://127.0.0.1:{port}", "k")) as counter, pytest.raises(CountTimeout) as info:
         counter.count(CanonicalRequest.from_dict(REQUEST), registry.get("claude-sonnet-4-5"))
     assert info.value.details["cause"] == "network"
 
@@ -239,10 +257,10 @@ def test_missing_api_key_fails_before_any_request(fake):
 def test_server_sees_no_request_without_key_header(fake, registry):
     """The fake really checks auth: a counter with an empty key header gets 401 -> InvalidCountModel."""
     fake.reset("ok")
-    counter = AnthropicHttpCounter(fake.url, "k")
-    counter.headers = lambda model: {"anthropic-version": "2023-06-01"}  # type: ignore[method-assign]  # no x-api-key
-    with pytest.raises(InvalidCountModel) as info:
-        counter.count(CanonicalRequest.from_dict(REQUEST), registry.get("claude-sonnet-4-5"))
+    with closing(AnthropicHttpCounter(fake.url, "k")) as counter:
+        counter.headers = lambda model: {"anthropic-version": "2023-06-01"}  # type: ignore[method-assign]  # no x-api-key
+        with pytest.raises(InvalidCountModel) as info:
+            counter.count(CanonicalRequest.from_dict(REQUEST), registry.get("claude-sonnet-4-5"))
     assert info.value.details["status"] == 401
 
 

@@ -351,6 +351,10 @@ class InProcessCounting(MeasuringBackend):
         for name in self.registry.encodings():
             load_encoding(name)
 
+    def close(self) -> None:
+        """The registry's counters let go of their connections (``Tracker.close`` calls this)."""
+        self.registry.close()
+
     def _count(self, request: CanonicalRequest, spec: ModelSpec, timeout_s: float) -> Any:
         deadline = time.monotonic() + timeout_s
         return run_before_deadline(

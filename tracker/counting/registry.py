@@ -340,6 +340,16 @@ class ModelRegistry:
                 self._counters[spec.counter] = counter
         return counter
 
+    def close(self) -> None:
+        """Release what the counters made so far hold (a provider counter's HTTP connections);
+        a later count makes its counter again."""
+        with self._lock:
+            counters, self._counters = list(self._counters.values()), {}
+        for counter in counters:
+            close = getattr(counter, "close", None)
+            if close is not None:
+                close()
+
     def encodings(self) -> set[str]:
         """The exact local encodings this registry's models use (to load them ahead of a count)."""
         return {spec.encoding for spec in self._models.values() if spec.encoding is not None}
