@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from tracker.settings import Settings
 
 PROCESS_COUNTS = (1, 4, 16)
+SESSIONS_PER_PROCESS = 8  # each process observes its own sessions in turn
 ROUNDS = 3  # windows per process count; the figures are their medians
 
 
@@ -40,10 +41,10 @@ def _observer(args: tuple[str, str | None, str, float]) -> tuple[int, list[float
 
 
 def observer(t: Tracker, prefix: str) -> Callable[[int], None]:
-    """``one(i)``: the ``i``-th observe of ``t`` on 8 sessions named after ``prefix`` -- a session
+    """``one(i)``: the ``i``-th observe of ``t`` on the sessions named after ``prefix`` -- a session
     that climbs and stays under its compact level (the common case: proceed), measurement given."""
     fp = hashlib.sha256(prefix.encode()).hexdigest()
-    sessions = [f"{prefix}-{i}" for i in range(8)]
+    sessions = [f"{prefix}-{i}" for i in range(SESSIONS_PER_PROCESS)]
 
     def one(i: int) -> None:
         m = {
@@ -60,7 +61,7 @@ def observer(t: Tracker, prefix: str) -> Callable[[int], None]:
 
 
 def observe_for(settings: Settings, prefix: str, duration: float) -> tuple[int, list[float]]:
-    """In a pool process: a ``Tracker`` of ``settings`` observes 8 sessions named after ``prefix``,
+    """In a pool process: a ``Tracker`` of ``settings`` observes its sessions named after ``prefix``,
     once each untimed, then from the common start line for ``duration`` s; (observes, latencies)."""
     from tracker.service import Tracker
 
@@ -68,11 +69,11 @@ def observe_for(settings: Settings, prefix: str, duration: float) -> tuple[int, 
     one = observer(t, prefix)
     latencies: list[float] = []
     try:
-        for i in range(8):  # untimed: sessions exist, connections warm
+        for i in range(SESSIONS_PER_PROCESS):  # untimed: sessions exist, connections warm
             one(i)
         wait_at_start_line(300)  # every process is ready: start together
         end = time.time() + duration
-        i = 8
+        i = SESSIONS_PER_PROCESS
         while time.time() < end:
             t0 = time.perf_counter()
             one(i)
@@ -92,9 +93,9 @@ def _wal_per_observe(settings: Settings, url: str) -> int:
     t = Tracker.from_settings(settings)
     one = observer(t, f"wal-{uuid.uuid4().hex[:6]}")
     try:
-        for i in range(8):
+        for i in range(SESSIONS_PER_PROCESS):  # every session started first
             one(i)
-        return wal_per_op(url, lambda i: one(8 + i))
+        return wal_per_op(url, lambda i: one(SESSIONS_PER_PROCESS + i))
     finally:
         t.close()
 
