@@ -28,6 +28,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from tracker.bench.procs import barrier_pool, create_scratch_db, drop_scratch_db, wait_at_start_line
@@ -157,20 +158,23 @@ def _store_writer(args: tuple[str, str, float, float]) -> int:
     return n
 
 
+def _raw_insert(conn: Any, session_id: str, version: int) -> None:
+    """The raw baseline's one write: ``EVENT`` encoded and inserted, then COMMIT (two round trips)."""
+    conn.execute(_RAW_INSERT, (session_id, version, EVENT.type, json.dumps(EVENT.data), None))
+    conn.commit()
+
+
 def _raw_writer(args: tuple[str, str, float, float]) -> int:
     url, session_id, start_at, duration = args
     conn = _raw_for(url)
-    data = json.dumps(EVENT.data)
-    conn.execute(_RAW_INSERT, (session_id, 0, EVENT.type, data, None))
-    conn.commit()
+    _raw_insert(conn, session_id, 0)
     _wait_until(start_at)
     end = start_at + duration
     n = 0
     version = 0
     while time.time() < end:
         version += 1
-        conn.execute(_RAW_INSERT, (session_id, version, EVENT.type, json.dumps(EVENT.data), None))
-        conn.commit()
+        _raw_insert(conn, session_id, version)
         n += 1
     return n
 
@@ -262,7 +266,7 @@ def _fold_bench(url: str, n_events: int, repeats: int) -> tuple[float, float]:
 _WAL_LSN = "SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn"
 
 
-def wal_per_op(url: str, op: Any, n: int = 500) -> int:
+def wal_per_op(url: str, op: Callable[[int], None], n: int = 500) -> int:
     """Bytes of WAL per call of ``op(i)``, over ``n`` calls made one after another (libpq ``url``);
     everything the server writes meanwhile counts, so the bench measures it while nothing else runs."""
     import psycopg
@@ -286,18 +290,13 @@ def _wal_bytes(url: str) -> dict[str, int]:
 
     store = open_store(normalize_database_url(url), projector=CountingProjector())
     raw = psycopg.connect(url)
-    data = json.dumps(EVENT.data)
     version = [store.append("bench-wal", 0, [EVENT]).last_version]
 
     def append(_: int) -> None:
         version[0] = store.append("bench-wal", version[0], [EVENT]).last_version
 
-    def insert(i: int) -> None:
-        raw.execute(_RAW_INSERT, ("bench-wal", i, EVENT.type, data, None))
-        raw.commit()
-
     try:
-        return {"store": wal_per_op(url, append), "raw": wal_per_op(url, insert)}
+        return {"store": wal_per_op(url, append), "raw": wal_per_op(url, lambda i: _raw_insert(raw, "bench-wal", i))}
     finally:
         raw.close()
         store.close()
