@@ -135,7 +135,10 @@ def test_the_store_section_measures_both_sides_and_where_their_backends_wait():
     assert waits["writers"] == 2
     for side in ("store", "raw"):
         shares = waits[side]
-        assert 0.5 < sum(shares.values()) <= 1.0001 and all(0 < v <= 1 for v in shares.values()), shares
+        # shares of one whole (the top six, each rounded to 3 decimals: their sum may exceed 1 by that rounding)
+        assert 0.5 < sum(shares.values()) <= 1 + 0.0005 * len(shares) and all(0 < v <= 1 for v in shares.values()), (
+            shares
+        )
         # each writer waits for its own client between two commands, and for its commits' WAL flush
         assert "Client:ClientRead" in shares and any(k.startswith(("IO:WAL", "LWLock:WAL")) for k in shares), shares
     # every append writes at least its event's JSON to the WAL (the figure is server-wide: others only add)
