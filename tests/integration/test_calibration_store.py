@@ -9,6 +9,7 @@ import random
 from typing import Any
 
 from tests.support.cli import Cli, clean_env
+from tests.support.db import feed_passed
 from tests.support.provider_loop import COUNTING, MODEL, observe_session, train
 from tracker.audit.replay import whatif_rows
 from tracker.bench.sim_provider import ANTHROPIC_LIKE, CODING_AGENT, SimProvider, session
@@ -48,7 +49,11 @@ def test_a_calibrated_log_verifies_replays_and_old_measurements_still_fold(db_ur
     old = [NewEvent(e.type, _old_measured(e.data) if e.type == "ContextMeasured" else e.data) for e in current]
     store.append("old-session", 0, old)
     assert verify(store) == {"ok": True, "sessions": verify(store)["sessions"], "differences": []}
+    # the ledger reads the global feed, which shows an event once every older transaction on the
+    # server has ended (another test's may hold it back a moment): wait for the rejection to show
+    assert feed_passed(store, "fS:s")
     before = ledger_of(store).summaries()
+    assert [(s.usage_reports, s.rejections, s.learned_limit) for s in before] == [(20, 1, 170000)]
     state = t.state("old-session")
     store.close()
 

@@ -23,6 +23,7 @@ from typing import TypeVar
 
 from tracker.bench.procs import create_scratch_db, drop_scratch_db
 from tracker.settings import normalize_database_url
+from tracker.store import EventStore
 
 PG_ADMIN_URL = os.environ.get("TRACKER_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 REDIS_URL = os.environ.get("TRACKER_TEST_REDIS", "redis://127.0.0.1:6379/0")
@@ -39,6 +40,19 @@ def settled(read: Callable[[], T], done: Callable[[T], bool], *, timeout_s: floa
         if done(value) or time.monotonic() > deadline:
             return value
         time.sleep(0.05)
+
+
+def feed_passed(store: EventStore, session_id: str, *, timeout_s: float = 30.0) -> bool:
+    """Wait until the store's global feed (``read_all``) shows the session's last event -- and so,
+    in commit order, every event committed before it; False after ``timeout_s``."""
+    last = None
+    for last in store.read_stream(session_id):
+        pass
+    if last is None:
+        return True
+    position = last.position
+    shown = settled(lambda: store.read_all(position - 1, 1), bool, timeout_s=timeout_s)
+    return bool(shown)
 
 
 def sqlalchemy_url(libpq_url: str) -> str:
