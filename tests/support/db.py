@@ -45,12 +45,10 @@ def settled(read: Callable[[], T], done: Callable[[T], bool], *, timeout_s: floa
 def feed_passed(store: EventStore, session_id: str, *, timeout_s: float = 30.0) -> bool:
     """Wait until the store's global feed (``read_all``) shows the session's last event -- and so,
     in commit order, every event committed before it; False after ``timeout_s``."""
-    last = None
-    for last in store.read_stream(session_id):
-        pass
-    if last is None:
+    events = list(store.read_stream(session_id))
+    if not events:
         return True
-    position = last.position
+    position = events[-1].position
     shown = settled(lambda: store.read_all(position - 1, 1), bool, timeout_s=timeout_s)
     return bool(shown)
 
