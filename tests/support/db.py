@@ -8,7 +8,7 @@ workers and helper processes never collide. Redis tests use ``TRACKER_TEST_REDIS
 ``settled(read, done)`` reads again until the value is complete: PostgreSQL's event feed (and what is
 read through it: exports, the calibration reports) shows an event once every transaction older than it
 has ended on the whole server -- another test's migration too -- so a read right after a write may
-not show it yet.
+not show it yet. ``feed_shows(store, position)`` / ``feed_passed(store, session_id)`` wait for that.
 
 Nothing here connects at import: the unit tier imports none of it anyway.
 """
@@ -42,15 +42,16 @@ def settled(read: Callable[[], T], done: Callable[[T], bool], *, timeout_s: floa
         time.sleep(0.05)
 
 
-def feed_passed(store: EventStore, session_id: str, *, timeout_s: float = 30.0) -> bool:
-    """Wait until the store's global feed (``read_all``) shows the session's last event -- and so,
+def feed_shows(store: EventStore, position: int, *, timeout_s: float = 30.0) -> bool:
+    """Wait until the store's global feed (``read_all``) shows the event at ``position`` -- and so,
     in commit order, every event committed before it; False after ``timeout_s``."""
+    return bool(settled(lambda: store.read_all(position - 1, 1), bool, timeout_s=timeout_s))
+
+
+def feed_passed(store: EventStore, session_id: str, *, timeout_s: float = 30.0) -> bool:
+    """``feed_shows`` the session's last event (True at once for a session without events)."""
     events = list(store.read_stream(session_id))
-    if not events:
-        return True
-    position = events[-1].position
-    shown = settled(lambda: store.read_all(position - 1, 1), bool, timeout_s=timeout_s)
-    return bool(shown)
+    return not events or feed_shows(store, events[-1].position, timeout_s=timeout_s)
 
 
 def sqlalchemy_url(libpq_url: str) -> str:
