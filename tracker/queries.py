@@ -394,13 +394,15 @@ def verify(store: Any) -> dict[str, Any]:
 NO_FLEET = "none"  # the fleet label of sessions outside any fleet (the Python API on the same database)
 
 
-def fleet_gauges(views: SessionViews, fleets: dict[str, str], now: float) -> dict[str, list[tuple[Any, ...]]]:
+def fleet_gauges(views: SessionViews, fleets: dict[str, str], now: float) -> dict[str, Any]:
     """Where each fleet stands, for gauges: every label value from a closed set.
 
     ``fleets`` maps fleet ids to the names the labels show; sessions outside them count under
     ``none``. Every known fleet gets every pressure (zeros included), so a series never vanishes.
     Returns ``{"sessions": [(fleet, pressure, n)], "open_attempts": [(fleet, n)],
-    "oldest_open_attempt_age": [(fleet, seconds)]}`` (the age is 0 with no attempt open).
+    "oldest_open_attempt_age": [(fleet, seconds)], "feed_held": (events, seconds)}`` (an age is 0
+    with nothing open or held; ``feed_held``: the committed events the global feed does not show
+    yet, and how long the oldest of them has waited -- ``SessionViews.feed_held``).
     """
     summary = views.session_summary(FLEET_ID_LEN)  # namespaces = the SessionScope.fleet_of of fleet ids
     names = [*fleets.values(), NO_FLEET]
@@ -415,10 +417,12 @@ def fleet_gauges(views: SessionViews, fleets: dict[str, str], now: float) -> dic
     for ns, opened_at in summary["oldest_open"]:
         fleet = fleets.get(ns, NO_FLEET)
         oldest[fleet] = max(oldest[fleet], max(0.0, now - opened_at))
+    held, held_since = views.feed_held()
     return {
         "sessions": [(f, p, n) for (f, p), n in sessions.items()],
         "open_attempts": list(open_attempts.items()),
         "oldest_open_attempt_age": list(oldest.items()),
+        "feed_held": (held, 0.0 if held_since is None else max(0.0, now - held_since.timestamp())),
     }
 
 

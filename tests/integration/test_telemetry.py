@@ -491,6 +491,49 @@ def test_promtool_fires_the_provider_alerts_on_drift_and_rejections(tmp_path):
     assert "SUCCESS" in proc.stdout + proc.stderr
 
 
+def test_promtool_fires_the_feed_alert_while_a_transaction_holds_the_feed_back(tmp_path):
+    """``promtool test rules``: the feed held back for more than a minute, for five minutes, fires
+    ``TrackerFeedHeldBack``; a feed that catches up within the minute does not."""
+    import yaml
+
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool is not installed (apt-get install prometheus; .ci/run does)")
+    rules = yaml.safe_load((DEPLOY / "prometheus" / "alerts.yml").read_text(encoding="utf-8"))
+    (rule,) = [r for g in rules["groups"] for r in g["rules"] if r.get("alert") == "TrackerFeedHeldBack"]
+
+    def case(values: str, at: str, firing: bool, seconds: str = "") -> dict[str, Any]:
+        expected = {
+            "exp_labels": {"severity": "warning"},
+            "exp_annotations": {
+                "summary": f"The event feed has held committed events back for {seconds}",
+                "description": rule["annotations"]["description"],
+            },
+        }
+        return {
+            "interval": "1m",
+            "input_series": [{"series": "tracker_feed_held_seconds", "values": values}],
+            "alert_rule_test": [
+                {"eval_time": at, "alertname": "TrackerFeedHeldBack", "exp_alerts": [expected] if firing else []}
+            ],
+        }
+
+    tests = {
+        "rule_files": [str(DEPLOY / "prometheus" / "alerts.yml")],
+        "evaluation_interval": "1m",
+        "tests": [
+            case("0+60x20", "5m", False),  # held 300 s, but over 60 s only since minute 2
+            case("0+60x20", "8m", True, "8m 0s"),
+            case("0 30 0 45 0 50 0 30 0 20 0 10 0", "10m", False),  # caught up within every minute
+        ],
+    }
+    path = tmp_path / "feed_alert_test.yml"
+    path.write_text(yaml.safe_dump(tests, sort_keys=False), encoding="utf-8")
+    proc = subprocess.run([promtool, "test", "rules", str(path)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "SUCCESS" in proc.stdout + proc.stderr
+
+
 def test_the_dashboard_draws_drift_and_rejections_without_overlapping_panels():
     dashboard = json.loads((DEPLOY / "grafana" / "dashboards" / "tracker.json").read_text(encoding="utf-8"))
     panels = dashboard["panels"]

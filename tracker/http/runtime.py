@@ -144,7 +144,8 @@ class FleetGauges(_ScrapedGauges[dict[str, Any]]):
     """Gauges per fleet, read from the store at scrape time (at most every ``GAUGES_TTL_S``).
 
     ``tracker_sessions{fleet,pressure}``, ``tracker_open_attempts{fleet}``,
-    ``tracker_oldest_open_attempt_age_seconds{fleet}``, and ``tracker_store_up`` (0 when the
+    ``tracker_oldest_open_attempt_age_seconds{fleet}``, ``tracker_feed_held_events`` and
+    ``tracker_feed_held_seconds`` (the feed's horizon, server-wide), and ``tracker_store_up`` (0 when the
     read failed: the database is down or unmigrated). Fleet labels are fleet names (``none``:
     sessions outside any fleet); pressures are the core's three.
     """
@@ -182,6 +183,17 @@ class FleetGauges(_ScrapedGauges[dict[str, Any]]):
             oldest.add_metric([fleet], age)
         yield opened
         yield oldest
+        held, held_s = data["feed_held"]
+        yield GaugeMetricFamily(
+            "tracker_feed_held_events",
+            "Committed events the event feed does not show yet: a transaction that started before them is still open",
+            held,
+        )
+        yield GaugeMetricFamily(
+            "tracker_feed_held_seconds",
+            "How long the oldest event the feed holds back has waited (0: the feed shows every committed event)",
+            held_s,
+        )
 
 
 class ReplicaGauges(_ScrapedGauges["ReplicaLag"]):

@@ -211,6 +211,10 @@ class SessionViews(Protocol):
         ``opened_at`` per namespace (the gauges of ``tracker.queries.fleet_gauges``)."""
         ...
 
+    def feed_held(self) -> tuple[int, datetime | None]:
+        """``(events, oldest recorded_at)`` committed but not yet shown by the global feed (``(0, None)``: none)."""
+        ...
+
     # narrow reads of one session (the session page, ``tracker.audit.story.read_story``)
 
     def count_by_type(self, session_id: str, to_version: int | None = None) -> dict[str, int]:

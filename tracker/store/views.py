@@ -20,7 +20,7 @@ from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import and_, case, func, or_, select
+from sqlalchemy import and_, case, func, or_, select, text
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.sql import Select
 
@@ -35,6 +35,16 @@ from tracker.store.schema import sessions as sessions_t
 __all__ = ["READ_BATCH", "SqlSessionViews"]
 
 READ_BATCH = 2000
+
+
+# The events above the feed's last visible position: committed (this statement's snapshot sees
+# them) but held back by the watermark. The feed shows a prefix of the log in position order, so
+# they are exactly these; the inner max reads the position index backwards from the end and stops
+# at the first event the watermark passes, so it costs about the events held back.
+_FEED_HELD = text(
+    "SELECT count(*), min(recorded_at) FROM events WHERE position > coalesce(("
+    "SELECT max(position) FROM events WHERE txid < pg_snapshot_xmin(pg_current_snapshot())::text::bigint), 0)"
+)
 
 
 def _upto(to_version: int | None) -> list[Any]:
@@ -120,6 +130,22 @@ class SqlSessionViews:
             return {"pressure": rows, "oldest_open": sorted(oldest.items())}
 
         return self._run("session_summary", read)
+
+    def feed_held(self) -> tuple[int, datetime | None]:
+        """``(events, oldest recorded_at)``: the committed events the global feed (``read_all``,
+        ``/v1/events``, exports, calibration's catch-up) does not show yet. On PostgreSQL the feed
+        shows an event once every transaction that took an id before it has ended -- anywhere on
+        the server, another database's too (the commit-order proof in ``tracker.store.postgres``),
+        so one long transaction holds every later event back. ``(0, None)`` on SQLite, whose feed
+        shows every committed event."""
+        if self._engine.dialect.name != "postgresql":
+            return 0, None
+
+        def read(conn: Connection) -> tuple[int, datetime | None]:
+            count, oldest = conn.execute(_FEED_HELD).one()
+            return int(count), None if oldest is None else oldest.astimezone(UTC)
+
+        return self._run("feed_held", read)
 
     # -- narrow reads of one session (the session page: tracker.audit.story) ----------------------
 
