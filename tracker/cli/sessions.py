@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -516,3 +517,16 @@ def export(
             print_json_lines(queries.export_events(store, since, limit, prefix=scope.prefix, external=scope.external))
         else:
             print_json_lines(queries.export_events(store, since, limit))
+        if not limit:  # the whole log was asked for: say what the feed's horizon still holds back
+            held, oldest = db.views.feed_held()
+            if held:
+                waited = f" (the oldest committed {time.time() - oldest.timestamp():.0f} s ago)" if oldest else ""
+                err_console.print(
+                    f"note: {plural(held, 'committed event')} (of any session) not exported yet{waited}: a "
+                    "transaction open on the database server since before them holds the feed back "
+                    '(docs/operations.md, "The event feed\'s horizon"); run again with --since the last '
+                    "position exported once it has ended",
+                    markup=False,
+                    highlight=False,
+                    soft_wrap=True,
+                )
