@@ -48,8 +48,12 @@ SERIAL_TESTS = {
         "test_read_all_is_ordered_and_pages",
         "test_read_all_session_prefix_filters_exactly_and_pages",
     },
-    # holds a transaction open to hold the feed back (which would hide every other test's feed reads)
+    # hold a transaction open to hold the feed back (which would hide every other test's feed reads)
     "tests.integration.test_calibration_book": {"test_own_reports_count_at_once_and_others_after_a_refresh"},
+    "tests.integration.test_store_views": {
+        "test_the_feed_held_back_by_a_transaction_in_another_database_and_the_gauges_say_so"
+    },
+    "tests.e2e.test_cli_e2e": {"test_export_says_what_a_transaction_open_elsewhere_on_the_server_holds_back"},
 }
 
 
