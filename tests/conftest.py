@@ -54,6 +54,7 @@ SERIAL_TESTS = {
         "test_the_feed_held_back_by_a_transaction_in_another_database_and_the_gauges_say_so"
     },
     "tests.e2e.test_cli_e2e": {"test_export_says_what_a_transaction_open_elsewhere_on_the_server_holds_back"},
+    "tests.e2e.test_console": {"test_the_overview_says_when_the_event_feed_is_held_back"},
 }
 
 

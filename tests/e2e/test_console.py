@@ -407,6 +407,46 @@ def test_session_page_chart_and_attempts_table(page, server):
     assert page.locator("#failures tbody tr[data-kind=ContextLimitUnknown]").count() == 1
 
 
+def test_the_overview_says_when_the_event_feed_is_held_back(page, browser, server):
+    """A transaction left open in another database of the same server holds the event feed back
+    (and the calibration table, folded from it): the overview says so above that table, with the
+    count of held events for an operator only, and says nothing once it has ended."""
+    import psycopg
+
+    from tracker.service import Tracker
+    from tracker.settings import Settings
+
+    name, other = create_pg_database("console_hold")
+    try:
+        with psycopg.connect(other) as conn:
+            conn.execute("SELECT pg_current_xact_id()")  # an id taken, the transaction left open
+            with Tracker.from_settings(Settings.of(database_url=server["url"])) as t:
+                t.observe("loose-1", measurement=_m("l1", 10_000))
+            time.sleep(1.1)
+            sign_in(page, server, "operator")
+            banner = page.inner_text("#feed-held")
+            assert banner.startswith("The event feed has been held back for "), banner
+            assert "(1 committed event, every fleet's): a transaction that started before" in banner
+            assert "Decisions are not affected." in banner
+            page.locator("#feed-held").scroll_into_view_if_needed()
+            shoot(page, server, "feed-held.png")
+            fleet = browser.new_context(viewport={"width": 1280, "height": 1000}).new_page()
+            try:
+                sign_in(fleet, server, "alpha")
+                seen = fleet.inner_text("#feed-held")
+                assert seen.startswith("The event feed has been held back for ") and "committed event" not in seen
+            finally:
+                fleet.context.close()
+            conn.rollback()
+        deadline = time.monotonic() + 30
+        while page.locator("#feed-held").count() and time.monotonic() < deadline:
+            time.sleep(0.2)
+            page.reload()
+        assert page.locator("#feed-held").count() == 0
+    finally:
+        drop_pg_database(name)
+
+
 # -- after `tracker demo` -----------------------------------------------------------------------------
 
 
