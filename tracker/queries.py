@@ -417,13 +417,20 @@ def fleet_gauges(views: SessionViews, fleets: dict[str, str], now: float) -> dic
     for ns, opened_at in summary["oldest_open"]:
         fleet = fleets.get(ns, NO_FLEET)
         oldest[fleet] = max(oldest[fleet], max(0.0, now - opened_at))
-    held, held_since = views.feed_held()
     return {
         "sessions": [(f, p, n) for (f, p), n in sessions.items()],
         "open_attempts": list(open_attempts.items()),
         "oldest_open_attempt_age": list(oldest.items()),
-        "feed_held": (held, 0.0 if held_since is None else max(0.0, now - held_since.timestamp())),
+        "feed_held": feed_held(views, now),
     }
+
+
+def feed_held(views: SessionViews, now: float) -> tuple[int, float]:
+    """``(events, seconds)``: the committed events the event feed does not show yet (a transaction
+    that started before them is still open somewhere on the PostgreSQL server), and how long the
+    oldest of them has waited at ``now`` (epoch seconds); ``(0, 0.0)`` when it shows every one."""
+    held, since = views.feed_held()
+    return held, 0.0 if since is None or not held else max(0.0, now - since.timestamp())
 
 
 __all__ = [
@@ -440,6 +447,7 @@ __all__ = [
     "event_to_dict",
     "export_events",
     "feed_page",
+    "feed_held",
     "fleet_gauges",
     "history_page",
     "list_sessions",

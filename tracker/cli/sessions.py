@@ -518,11 +518,11 @@ def export(
         else:
             print_json_lines(queries.export_events(store, since, limit))
         if not limit:  # the whole log was asked for: say what the feed's horizon still holds back
-            held, oldest = db.views.feed_held()
+            held, waited = queries.feed_held(db.views, time.time())
             if held:
-                waited = f" (the oldest committed {time.time() - oldest.timestamp():.0f} s ago)" if oldest else ""
                 err_console.print(
-                    f"note: {plural(held, 'committed event')} (of any session) not exported yet{waited}: a "
+                    f"note: {plural(held, 'committed event')} (of any session) not exported yet (the oldest "
+                    f"committed {waited:.0f} s ago): a "
                     "transaction open on the database server since before them holds the feed back "
                     '(docs/operations.md, "The event feed\'s horizon"); run again with --since the last '
                     "position exported once it has ended",

@@ -144,10 +144,9 @@ def feed_held(views: SessionViews, viewer: Viewer, now: datetime) -> dict[str, A
     """What the event feed holds back (``SessionViews.feed_held``), for the banner above the
     calibration table (which is folded from the feed): None when it shows every committed event.
     ``events`` (of every fleet) is shown to operators only."""
-    held, oldest = views.feed_held()
+    held, waited = queries.feed_held(views, now.timestamp())
     if not held:
         return None
-    waited = max(0.0, (now - oldest).total_seconds()) if oldest is not None else 0.0
     return {
         "for": f"{waited:.0f} s" if waited < 120 else f"{waited / 60:.0f} min",
         "events": held if viewer.kind != "fleet" else None,
