@@ -29,7 +29,7 @@ import pytest
 
 from tests.support.cli import Cli as HarnessCli
 from tests.support.cli import clean_env
-from tests.support.db import create_pg_database, drop_pg_database, settled
+from tests.support.db import settled, transaction_open_elsewhere
 from tests.support.procs import stop_process_group
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -290,28 +290,21 @@ def test_export_says_what_a_transaction_open_elsewhere_on_the_server_holds_back(
     """A transaction left open in another database of the same server holds the feed back: the
     export writes what the feed shows and says on stderr how many committed events it could not
     write yet; once that transaction ends, the same command writes them all and says nothing."""
-    import psycopg
-
     cli = Cli(tmp_path, base_env(TRACKER_DATABASE_URL=pg_url))
     cli.run("db", "upgrade")
     cli.run("observe", "s1", "--basis", "m1", "--input-tokens", "1000", "--input-limit", "100000")
     first = settled(lambda: cli.lines("export"), lambda events: len(events) == 2)
     assert [e["type"] for e in first] == ["SessionStarted", "ContextMeasured"]
-    name, other = create_pg_database("ct_other")
-    try:
-        with psycopg.connect(other) as conn:
-            conn.execute("SELECT pg_current_xact_id()")  # an id taken, the transaction left open
-            cli.run("observe", "s1", "--basis", "m2", "--input-tokens", "2000", "--input-limit", "100000")
-            held = cli.run("export")
-            assert [json.loads(line) for line in held.stdout.splitlines()] == first
-            assert held.stderr.startswith("note: 1 committed event (of any session) not exported yet (the oldest")
-            assert "a transaction open on the database server since before them holds the feed back" in held.stderr
-            conn.rollback()
+    with transaction_open_elsewhere() as end:
+        cli.run("observe", "s1", "--basis", "m2", "--input-tokens", "2000", "--input-limit", "100000")
+        held = cli.run("export")
+        assert [json.loads(line) for line in held.stdout.splitlines()] == first
+        assert held.stderr.startswith("note: 1 committed event (of any session) not exported yet (the oldest")
+        assert "a transaction open on the database server since before them holds the feed back" in held.stderr
+        end()
         everything = settled(lambda: cli.run("export"), lambda out: len(out.stdout.splitlines()) == 3)
         assert [json.loads(line)["version"] for line in everything.stdout.splitlines()] == [1, 2, 3]
         assert "note:" not in everything.stderr
-    finally:
-        drop_pg_database(name)
 
 
 # -- bad input --------------------------------------------------------------------------------------

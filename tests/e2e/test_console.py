@@ -26,7 +26,7 @@ import pytest
 
 from tests.support.api import api_server
 from tests.support.cli import run_tracker
-from tests.support.db import create_pg_database, drop_pg_database
+from tests.support.db import create_pg_database, drop_pg_database, transaction_open_elsewhere
 from tests.support.db import sqlalchemy_url as _sqlalchemy_url
 from tests.support.measurements import measurement
 
@@ -411,40 +411,33 @@ def test_the_overview_says_when_the_event_feed_is_held_back(page, browser, serve
     """A transaction left open in another database of the same server holds the event feed back
     (and the calibration table, folded from it): the overview says so above that table, with the
     count of held events for an operator only, and says nothing once it has ended."""
-    import psycopg
-
     from tracker.service import Tracker
     from tracker.settings import Settings
 
-    name, other = create_pg_database("console_hold")
-    try:
-        with psycopg.connect(other) as conn:
-            conn.execute("SELECT pg_current_xact_id()")  # an id taken, the transaction left open
-            with Tracker.from_settings(Settings.of(database_url=server["url"])) as t:
-                t.observe("loose-1", measurement=_m("l1", 10_000))
-            time.sleep(1.1)
-            sign_in(page, server, "operator")
-            banner = page.inner_text("#feed-held")
-            assert banner.startswith("The event feed has been held back for "), banner
-            assert "(1 committed event, every fleet's): a transaction that started before" in banner
-            assert "Decisions are not affected." in banner
-            page.locator("#feed-held").scroll_into_view_if_needed()
-            shoot(page, server, "feed-held.png")
-            fleet = browser.new_context(viewport={"width": 1280, "height": 1000}).new_page()
-            try:
-                sign_in(fleet, server, "alpha")
-                seen = fleet.inner_text("#feed-held")
-                assert seen.startswith("The event feed has been held back for ") and "committed event" not in seen
-            finally:
-                fleet.context.close()
-            conn.rollback()
+    with transaction_open_elsewhere() as end:
+        with Tracker.from_settings(Settings.of(database_url=server["url"])) as t:
+            t.observe("loose-1", measurement=_m("l1", 10_000))
+        time.sleep(1.1)
+        sign_in(page, server, "operator")
+        banner = page.inner_text("#feed-held")
+        assert banner.startswith("The event feed has been held back for "), banner
+        assert "(1 committed event, every fleet's): a transaction that started before" in banner
+        assert "Decisions are not affected." in banner
+        page.locator("#feed-held").scroll_into_view_if_needed()
+        shoot(page, server, "feed-held.png")
+        fleet = browser.new_context(viewport={"width": 1280, "height": 1000}).new_page()
+        try:
+            sign_in(fleet, server, "alpha")
+            seen = fleet.inner_text("#feed-held")
+            assert seen.startswith("The event feed has been held back for ") and "committed event" not in seen
+        finally:
+            fleet.context.close()
+        end()
         deadline = time.monotonic() + 30
         while page.locator("#feed-held").count() and time.monotonic() < deadline:
             time.sleep(0.2)
             page.reload()
         assert page.locator("#feed-held").count() == 0
-    finally:
-        drop_pg_database(name)
 
 
 # -- after `tracker demo` -----------------------------------------------------------------------------

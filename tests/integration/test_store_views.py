@@ -14,11 +14,10 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import psycopg
 import pytest
 
 from tests.integration.test_store_contract import ToyProjector, ev, execute_sql, fold
-from tests.support.db import create_pg_database, drop_pg_database, feed_shows, settled
+from tests.support.db import feed_shows, settled, transaction_open_elsewhere
 from tracker.bootstrap import build_views
 from tracker.errors import InvalidInput, InvalidSessionId
 from tracker.queries import fleet_gauges
@@ -292,21 +291,16 @@ def test_the_feed_held_back_by_a_transaction_in_another_database_and_the_gauges_
     assert settled(views.feed_held, lambda held: held == (0, None)) == (0, None)
     if not db_url.startswith("postgresql"):
         return
-    name, other = create_pg_database("ct_other")
-    try:
-        with psycopg.connect(other) as conn:  # a transaction with an id, left open, elsewhere on the server
-            conn.execute("SELECT pg_current_xact_id()")
-            held = store.append("a", 1, [ev("Tick"), ev("Tick")])
-            time.sleep(0.3)
-            assert store.read_all(first.positions[-1]) == []  # held back (read_stream is not)
-            assert [e.version for e in store.read_stream("a")] == [1, 2, 3]
-            count, oldest = views.feed_held()
-            assert count == 2 and oldest is not None
-            gauges = fleet_gauges(views, {}, time.time())
-            assert gauges["feed_held"][0] == 2 and 0.3 <= gauges["feed_held"][1] < 60
-            conn.rollback()
+    with transaction_open_elsewhere() as end:
+        held = store.append("a", 1, [ev("Tick"), ev("Tick")])
+        time.sleep(0.3)
+        assert store.read_all(first.positions[-1]) == []  # held back (read_stream is not)
+        assert [e.version for e in store.read_stream("a")] == [1, 2, 3]
+        count, oldest = views.feed_held()
+        assert count == 2 and oldest is not None
+        gauges = fleet_gauges(views, {}, time.time())
+        assert gauges["feed_held"][0] == 2 and 0.3 <= gauges["feed_held"][1] < 60
+        end()
         assert feed_shows(store, held.positions[-1])
         assert [e.position for e in store.read_all(first.positions[-1])] == list(held.positions)
         assert settled(views.feed_held, lambda held: held == (0, None)) == (0, None)
-    finally:
-        drop_pg_database(name)

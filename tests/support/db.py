@@ -8,7 +8,8 @@ workers and helper processes never collide. Redis tests use ``TRACKER_TEST_REDIS
 ``settled(read, done)`` reads again until the value is complete: PostgreSQL's event feed (and what is
 read through it: exports, the calibration reports) shows an event once every transaction older than it
 has ended on the whole server -- another test's migration too -- so a read right after a write may
-not show it yet. ``feed_shows(store, position)`` / ``feed_passed(store, session_id)`` wait for that.
+not show it yet. ``feed_shows(store, position)`` / ``feed_passed(store, session_id)`` wait for that;
+``transaction_open_elsewhere()`` causes it on purpose.
 
 Nothing here connects at import: the unit tier imports none of it anyway.
 """
@@ -52,6 +53,22 @@ def feed_passed(store: EventStore, session_id: str, *, timeout_s: float = 30.0) 
     """``feed_shows`` the session's last event (True at once for a session without events)."""
     events = list(store.read_stream(session_id))
     return not events or feed_shows(store, events[-1].position, timeout_s=timeout_s)
+
+
+@contextmanager
+def transaction_open_elsewhere() -> Iterator[Callable[[], None]]:
+    """A transaction that has taken an id, left open in a scratch database of its own on the same
+    server: it holds every database's event feed back (the horizon is the server's) until the
+    ``end()`` yielded is called, or the block ends."""
+    import psycopg
+
+    name, url = create_pg_database("ct_other")
+    try:
+        with psycopg.connect(url) as conn:
+            conn.execute("SELECT pg_current_xact_id()")
+            yield conn.rollback
+    finally:
+        drop_pg_database(name)
 
 
 def sqlalchemy_url(libpq_url: str) -> str:
