@@ -115,14 +115,13 @@ _READ_STREAM = (
 # safety). ``read_stream`` and ``load`` are not affected. The prefix filters below
 # (``_READ_ALL_PREFIX``, ``_READ_ALL_FLEET``) are part of the same statement and keep the
 # same watermark, so their results are prefixes of the filtered log.
-_READ_ALL = (
-    f"SELECT {_EVENT_COLS} FROM events WHERE position > %s "
-    "AND txid < pg_snapshot_xmin(pg_current_snapshot())::text::bigint ORDER BY position LIMIT %s"
-)
+#: the feed's watermark (3 above), the one text every feed statement and ``SqlSessionViews.feed_held`` use
+FEED_WATERMARK = "txid < pg_snapshot_xmin(pg_current_snapshot())::text::bigint"
+_READ_ALL = f"SELECT {_EVENT_COLS} FROM events WHERE position > %s AND {FEED_WATERMARK} ORDER BY position LIMIT %s"
 # The same with a session-id prefix filter (``starts_with``: exact, case-sensitive, no LIKE wildcards).
 _READ_ALL_PREFIX = (
     f"SELECT {_EVENT_COLS} FROM events WHERE position > %s AND starts_with(session_id, %s) "
-    "AND txid < pg_snapshot_xmin(pg_current_snapshot())::text::bigint ORDER BY position LIMIT %s"
+    f"AND {FEED_WATERMARK} ORDER BY position LIMIT %s"
 )
 # A fleet's feed (prefix "<fleet>:"): the (fleet, position) index reads exactly the page. Written
 # as a closed range on fleet ordered by (fleet, position) so that only that index gives the
@@ -130,7 +129,7 @@ _READ_ALL_PREFIX = (
 # fleet is idle) walks the position index and filters every later event of every fleet.
 _READ_ALL_FLEET = (
     f"SELECT {_EVENT_COLS} FROM events WHERE fleet >= %(f)s AND fleet <= %(f)s AND position > %(p)s "
-    "AND txid < pg_snapshot_xmin(pg_current_snapshot())::text::bigint ORDER BY fleet, position LIMIT %(n)s"
+    f"AND {FEED_WATERMARK} ORDER BY fleet, position LIMIT %(n)s"
 )
 
 
@@ -142,7 +141,7 @@ def _read_all_types(types: tuple[str, ...], prefixed: bool) -> str:
     prefix = "AND starts_with(session_id, %s) " if prefixed else ""
     return (
         f"SELECT {_EVENT_COLS} FROM events WHERE type IN ({listed}) AND position > %s {prefix}"
-        "AND txid < pg_snapshot_xmin(pg_current_snapshot())::text::bigint ORDER BY position LIMIT %s"
+        f"AND {FEED_WATERMARK} ORDER BY position LIMIT %s"
     )
 
 

@@ -28,6 +28,7 @@ from tracker.core.model import FLEET_ID_LEN
 from tracker.store import validate
 from tracker.store.base import StoredEvent
 from tracker.store.errors import run_core
+from tracker.store.postgres import FEED_WATERMARK
 from tracker.store.schema import EVENT_COLUMNS, stored_event
 from tracker.store.schema import events as events_t
 from tracker.store.schema import sessions as sessions_t
@@ -43,7 +44,7 @@ READ_BATCH = 2000
 # at the first event the watermark passes, so it costs about the events held back.
 _FEED_HELD = text(
     "SELECT count(*), min(recorded_at) FROM events WHERE position > coalesce(("
-    "SELECT max(position) FROM events WHERE txid < pg_snapshot_xmin(pg_current_snapshot())::text::bigint), 0)"
+    f"SELECT max(position) FROM events WHERE {FEED_WATERMARK}), 0)"
 )
 
 
