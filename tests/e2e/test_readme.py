@@ -1,8 +1,8 @@
-"""The README works as written: its tour, its Python example and its HTTP walkthrough, run as a
-newcomer runs them — in an empty folder, on the embedded default, with a private data directory
+"""The README works as written: its tour and its Python example, and the HTTP walkthrough of
+docs/http-api.md, run as a newcomer runs them — in an empty folder, on the embedded default, with a private data directory
 (``XDG_DATA_HOME``/``HOME`` point into the test's folder, no ``TRACKER_*`` inherited).
 
-The blocks are read out of README.md, so an edit that breaks a command fails here.
+The blocks are read out of README.md and docs/http-api.md, so an edit that breaks a command fails here.
 """
 
 from __future__ import annotations
@@ -20,15 +20,17 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
+HTTP_API = (ROOT / "docs" / "http-api.md").read_text(encoding="utf-8")
 TRACKER = shutil.which("tracker")
 
 pytestmark = pytest.mark.skipif(TRACKER is None, reason="the `tracker` console script is not installed")
 
 
-def section(title: str) -> str:
-    """The README text from the heading ``title`` to the next heading of the same level."""
-    m = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## )", README, re.S | re.M)
-    assert m, f"README has no section {title!r}"
+def section(title: str, doc: str = README) -> str:
+    """The text of ``doc`` (the README unless given) from the heading ``title`` to the next heading
+    of the same level, or to its end."""
+    m = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", doc, re.S | re.M)
+    assert m, f"no section {title!r}"
     return m.group(1)
 
 
@@ -169,9 +171,9 @@ def _free_port() -> int:
 
 @pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
 def test_the_http_walkthrough_pastes_line_by_line(tmp_path):
-    """The HTTP section's bash block, as one bash session (shell variables carry from line to line),
+    """docs/http-api.md's walkthrough, its bash block as one bash session (shell variables carry from line to line),
     against a real ``tracker serve``; curl fails on any HTTP error status."""
-    (walk,) = [b for b in blocks(section("HTTP API"), "bash") if "tracker serve" in b]
+    (walk,) = [b for b in blocks(section("Walkthrough", HTTP_API), "bash") if "tracker serve" in b]
     port = _free_port()
     body = walk.replace("8080", str(port))
     assert "9f…" not in body and "$T" in body and "$A" in body

@@ -1,4 +1,5 @@
-"""The documents say what the code does: defaults, the configuration table, links inside the repository."""
+"""The documents say what the code does: defaults, the configuration table, links inside the repository;
+and the README stays short enough to read in ten minutes."""
 
 from __future__ import annotations
 
@@ -43,18 +44,26 @@ def test_behaviour_doc_states_the_policy_defaults_of_the_code():
         assert text == _doc_value(getattr(defaults, name)), name
 
 
-def test_readme_configuration_table_lists_every_setting_with_its_default():
-    rows = _table_rows((ROOT / "README.md").read_text(encoding="utf-8"), "variable")
+def test_configuration_table_lists_every_setting_with_its_default():
+    rows = _table_rows((ROOT / "docs" / "configuration.md").read_text(encoding="utf-8"), "variable")
     documented = {r[0].strip("`"): r for r in rows}
     expected = {variable: default for _, variable, default, _ in Settings.variables()}
     assert set(documented) == set(expected), (
-        f"missing from the README: {sorted(set(expected) - set(documented))}; "
+        f"missing from docs/configuration.md: {sorted(set(expected) - set(documented))}; "
         f"not settings: {sorted(set(documented) - set(expected))}"
     )
     for variable, default in expected.items():
         cell = documented[variable][1].strip("`")
         want = "none" if default is None else _doc_value(default)
-        assert cell == want or cell.startswith(want), f"{variable}: README says {cell!r}, the code {want!r}"
+        assert cell == want or cell.startswith(want), f"{variable}: docs/configuration.md says {cell!r}, the code {want!r}"
+
+
+def test_readme_reads_in_ten_minutes():
+    """At about 230 words a minute: 250 lines and 2,300 words at most; the rest lives in docs/."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    lines, words = len(text.splitlines()), len(text.split())
+    assert lines <= 250, f"README.md has {lines} lines (at most 250): move detail into docs/"
+    assert words <= 2300, f"README.md has {words} words, {words / 230:.1f} minutes to read (at most 10)"
 
 
 def test_every_variable_name_is_unique_across_sections():
