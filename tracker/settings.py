@@ -40,7 +40,7 @@ from tracker.errors import InvalidPolicy, InvalidSetting
 
 ENV_PREFIX = "TRACKER_"
 APP_DIR_NAME = "context-tracker"
-#: how the README and ``Settings.variables()`` state the default; the effective path is per user
+#: how docs/configuration.md and ``Settings.variables()`` state the default; the effective path is per user
 DEFAULT_DATABASE_DOC = "sqlite:///<user data dir>/context-tracker/tracker.db"
 
 # The environment a load reads (set only inside Settings.load): os.environ unless given a mapping.

@@ -55,7 +55,9 @@ def test_configuration_table_lists_every_setting_with_its_default():
     for variable, default in expected.items():
         cell = documented[variable][1].strip("`")
         want = "none" if default is None else _doc_value(default)
-        assert cell == want or cell.startswith(want), f"{variable}: docs/configuration.md says {cell!r}, the code {want!r}"
+        assert cell == want or cell.startswith(want), (
+            f"{variable}: docs/configuration.md says {cell!r}, the code {want!r}"
+        )
 
 
 def test_readme_reads_in_ten_minutes():
