@@ -18,6 +18,7 @@ import pytest
 
 pytest.importorskip("langchain.agents")
 
+import httpx  # noqa: E402
 import openai  # noqa: E402
 from langchain.agents import create_agent  # noqa: E402
 from langchain.agents.middleware.types import ModelResponse  # noqa: E402
@@ -447,7 +448,11 @@ def test_a_rejection_that_cannot_be_compacted_ends_in_context_limit_error(tracke
 
 def test_another_error_of_the_model_is_not_a_rejection(tracker):
     session = f"lc-{uuid.uuid4().hex[:8]}"
-    agent, model = provider_agent(tracker, steps=8, failures={3: openai.APIConnectionError(request=None)})
+    agent, model = provider_agent(
+        tracker,
+        steps=8,
+        failures={3: openai.APIConnectionError(request=httpx.Request("POST", "https://api.openai.com/v1/responses"))},
+    )
     with pytest.raises(openai.APIConnectionError):
         invoke(agent, session, 8)
     assert len(model.requests) == 4
