@@ -276,7 +276,7 @@ def _asking(summarizer: Summarizer, asynchronous: bool) -> Callable[[list[AnyMes
     """A chat model (any Runnable) as a summariser ``(messages, budget) -> text``: ``ainvoke`` on the
     async path, ``invoke`` on the sync one; a callable is used as it is."""
     if not hasattr(summarizer, "invoke"):
-        return summarizer  # type: ignore[no-any-return]
+        return summarizer
 
     def prompt(messages: list[AnyMessage], budget: int) -> list[BaseMessage]:
         return [HumanMessage(content=summary_prompt(get_buffer_string(messages), budget))]

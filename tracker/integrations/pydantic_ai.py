@@ -342,7 +342,7 @@ class ContextTrackerCapability(AbstractCapability[Any]):
         runs the summary prompt; none asks the run's own model (``pydantic_ai.direct.model_request``)."""
         summarizer = self.summarizer
         if summarizer is not None and not (hasattr(summarizer, "run") and hasattr(summarizer, "run_sync")):
-            return summarizer  # type: ignore[no-any-return]
+            return summarizer
 
         async def ask(messages: list[ModelMessage], budget: int) -> str:
             prompt = summary_prompt(_transcript(messages), budget)

@@ -213,7 +213,7 @@ class ContextTrackerFilter:
         none given, the agent's own) is asked the summary prompt."""
         summarizer = self.summarizer
         if summarizer is not None and not isinstance(summarizer, Model):
-            return summarizer  # type: ignore[no-any-return]
+            return summarizer
 
         async def ask(items: list[Any], budget: int) -> str:
             model = summarizer if summarizer is not None else self._agent_model(agent)
