@@ -1,6 +1,6 @@
 """The compaction guard's steps, driven by hand: no tracker, no counter, no share, no summariser.
 
-``ContextGuard.steps(session, view)`` is a generator of steps (``Observe``, ``Count``, ``Summarize``,
+``Guard.steps(session, view)`` is a generator of steps (``Observe``, ``Count``, ``Summarize``,
 ``Publish``, ``Commit``, ``Reject``, ``Wait``, ``FindCommit``, ``Fetch``); each test plays the tracker's
 part by sending the core's own values back (or throwing its errors in) and checks what is asked next.
 The guard is given a tracker it can never call (``object()``): the steps do no I/O.
@@ -19,10 +19,10 @@ from tracker.core.state import Attempt, SessionState
 from tracker.errors import StaleBasis, WaitTimeout
 from tracker.integrations.compaction import (
     Commit,
-    ContextGuard,
     Count,
     Fetch,
     FindCommit,
+    Guard,
     Item,
     Observe,
     Outcome,
@@ -85,8 +85,8 @@ def returned(steps: Any, reply: Any) -> Outcome:
     return out
 
 
-def guard(**options: Any) -> ContextGuard:
-    return ContextGuard(object(), model="m", keep_last=2, **options)
+def guard(**options: Any) -> Guard:
+    return Guard(object(), model="m", keep_last=2, **options)
 
 
 def test_a_request_that_proceeds_is_observed_once_and_returned_as_given():

@@ -1,7 +1,7 @@
 """The provider's side of a model call: its usage, its context-length error, one recovery.
 
-The adapters settle each request with the guard's steps (:meth:`ContextGuard.steps
-<tracker.integrations.compaction.guard.ContextGuard.steps>`) and send it; :class:`ModelCall` closes
+The adapters settle each request with the guard's steps (:meth:`Guard.steps
+<tracker.integrations.compaction.guard.Guard.steps>`) and send it; :class:`ModelCall` closes
 the loop with the provider's own numbers:
 
 * **usage** — after the call, the usage the provider billed is reported on the basis the request
@@ -33,8 +33,8 @@ from typing import Any, TypeVar
 
 from tracker.core.provider_errors import parse_context_length_error
 from tracker.integrations.compaction import (
-    ContextGuard,
     Effects,
+    Guard,
     Outcome,
     Report,
     Step,
@@ -173,7 +173,7 @@ class ModelCall:
     or None: re-raise ``exc``.
     """
 
-    def __init__(self, guard: ContextGuard, session_id: str, view: View, summarize: SummarizeFn) -> None:
+    def __init__(self, guard: Guard, session_id: str, view: View, summarize: SummarizeFn) -> None:
         self.guard, self.session_id, self.view = guard, session_id, view
         self.effects = Effects(guard, session_id, summarize)
         self.outcome: Outcome | None = None

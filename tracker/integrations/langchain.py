@@ -61,21 +61,10 @@ from langgraph.graph.message import REMOVE_ALL_MESSAGES
 from langgraph.types import Command
 
 from tracker.errors import InvalidInput
+from tracker.integrations._adapter import Guarded, compacted
 from tracker.integrations._provider import ModelCall, Usage, call_async, call_sync
-from tracker.integrations.compaction import (
-    MARKER,
-    SUMMARY_PREFIX,
-    ContextGuard,
-    GuardOptions,
-    Item,
-    Outcome,
-    Spans,
-    View,
-    marked_revision,
-    replaced,
-    summarize_with,
-    summary_prompt,
-)
+from tracker.integrations.compaction import GuardOptions, Item, Outcome, View, marked_revision, summary_prompt
+from tracker.integrations.compaction.view import summary_mark, summary_text
 from tracker.protocol import AsyncTrackerProtocol, TrackerProtocol
 
 __all__ = ["ContextTrackerMiddleware", "message_item", "summary_message", "to_request", "usage_of"]
@@ -189,13 +178,17 @@ def to_request(
 
 def summary_message(text: str, revision: int) -> HumanMessage:
     """The message a summary becomes in the agent state."""
-    return HumanMessage(content=SUMMARY_PREFIX + text, additional_kwargs={MARKER: {"revision": revision}})
+    return HumanMessage(content=summary_text(text), additional_kwargs=summary_mark(revision))
+
+
+def _summary(rep: Any, _span: list[AnyMessage]) -> AnyMessage:
+    return summary_message(rep.summary, rep.revision)
 
 
 # -- the middleware ------------------------------------------------------------------------------
 
 
-class ContextTrackerMiddleware(AgentMiddleware):
+class ContextTrackerMiddleware(AgentMiddleware, Guarded):
     """Observe every model call with the tracker; compact, wait or stop as it decides.
 
     ``tracker``: an embedded ``Tracker``, a ``TrackerClient`` or an ``AsyncTrackerClient``; ``model``:
@@ -219,9 +212,7 @@ class ContextTrackerMiddleware(AgentMiddleware):
         **options: Unpack[GuardOptions],
     ) -> None:
         super().__init__()
-        self.guard = ContextGuard(tracker, model=model, **options)
-        self.summarizer = summarizer
-        self.session_id = session_id
+        self._guarded(tracker, model, summarizer, session_id, options)
 
     @property
     def name(self) -> str:
@@ -266,10 +257,8 @@ class ContextTrackerMiddleware(AgentMiddleware):
     def _call(self, request: ModelRequest, messages: list[AnyMessage], *, asynchronous: bool) -> ModelCall:
         """The model call: observe (and compact / wait / adopt), report usage, recover from one rejection."""
         view = view_of(messages, request.system_message, request.tools)
-        spans = Spans(view, messages, lambda text: HumanMessage(content=text))
-        summarizer = self.summarizer if self.summarizer is not None else request.model
-        summarize = summarize_with(_asking(summarizer, asynchronous), spans)
-        return ModelCall(self.guard, self._session(request), view, summarize)
+        summarizer = _asking(self.summarizer if self.summarizer is not None else request.model, asynchronous)
+        return self._model_call(self._session(request), view, messages, lambda text: HumanMessage(text), summarizer)
 
 
 def _asking(summarizer: Summarizer, asynchronous: bool) -> Callable[[list[AnyMessage], int], Any]:
@@ -294,20 +283,13 @@ def _reply_text(reply: Any) -> str:
     return reply if isinstance(reply, str) else str(reply.text)
 
 
-def compacted(messages: list[AnyMessage], out: Outcome) -> list[AnyMessage] | None:
-    """The history after the outcome's replacements (each refers to the history the one before left), or None."""
-    if not out.replacements:
-        return None
-    return replaced(messages, out.replacements, lambda rep, _span: summary_message(rep.summary, rep.revision))
-
-
 def _sending(request: ModelRequest, messages: list[AnyMessage], out: Outcome) -> ModelRequest:
-    new = compacted(messages, out)
+    new = compacted(messages, out, _summary)
     return request if new is None else request.override(messages=new)
 
 
 def _answer(response: Any, messages: list[AnyMessage], out: Outcome) -> Any:
-    new = compacted(messages, out)
+    new = compacted(messages, out, _summary)
     return response if new is None else _replacing(response, new)
 
 

@@ -65,22 +65,10 @@ from pydantic_ai.messages import (
 )
 
 from tracker.errors import InvalidInput
+from tracker.integrations._adapter import Guarded, compacted
 from tracker.integrations._provider import ModelCall, Usage
-from tracker.integrations.compaction import (
-    MARKER,
-    SUMMARY_PREFIX,
-    ContextGuard,
-    GuardOptions,
-    Item,
-    Outcome,
-    Spans,
-    View,
-    drive_async,
-    marked_revision,
-    replaced,
-    summarize_with,
-    summary_prompt,
-)
+from tracker.integrations.compaction import GuardOptions, Item, View, drive_async, marked_revision, summary_prompt
+from tracker.integrations.compaction.view import summary_mark, summary_text
 from tracker.protocol import AsyncTrackerProtocol, TrackerProtocol
 
 __all__ = ["ContextTrackerCapability", "message_item", "summary_message", "to_request", "usage_of"]
@@ -205,9 +193,7 @@ def to_request(
 
 def summary_message(text: str, revision: int, system_parts: Sequence[SystemPromptPart] = ()) -> ModelRequest:
     """The message a summary becomes: the system prompt parts it displaced, then the summary."""
-    return ModelRequest(
-        parts=[*system_parts, UserPromptPart(SUMMARY_PREFIX + text)], metadata={MARKER: {"revision": revision}}
-    )
+    return ModelRequest(parts=[*system_parts, UserPromptPart(summary_text(text))], metadata=summary_mark(revision))
 
 
 def _transcript(messages: Sequence[ModelMessage]) -> str:
@@ -223,7 +209,7 @@ def _transcript(messages: Sequence[ModelMessage]) -> str:
 # -- the capability / history processor --------------------------------------------------------
 
 
-class ContextTrackerCapability(AbstractCapability[Any]):
+class ContextTrackerCapability(AbstractCapability[Any], Guarded):
     """Observe every model request with the tracker; compact, wait or stop as it decides.
 
     ``tracker``: an embedded ``Tracker``, a ``TrackerClient`` or an ``AsyncTrackerClient``; ``model``:
@@ -242,9 +228,7 @@ class ContextTrackerCapability(AbstractCapability[Any]):
         session_id: str | None = None,
         **options: Unpack[GuardOptions],
     ) -> None:
-        self.guard = ContextGuard(tracker, model=model, **options)
-        self.summarizer = summarizer
-        self.session_id = session_id
+        self._guarded(tracker, model, summarizer, session_id, options)
         self._steps: dict[tuple[str, int], _Step] = {}
         self._lock = threading.Lock()
 
@@ -262,7 +246,7 @@ class ContextTrackerCapability(AbstractCapability[Any]):
         out = await drive_async(call.effects, call.settle())
         step = _Step(call, messages)
         self._remember(ctx, step)
-        new = compacted(messages, out)
+        new = compacted(messages, out, _summary)
         if new is not None:
             step.sending = new
             request_context.messages = list(new)
@@ -290,7 +274,7 @@ class ContextTrackerCapability(AbstractCapability[Any]):
         if out is None:
             self._steps.pop(key, None)
             raise error
-        new = compacted(step.messages, out)
+        new = compacted(step.messages, out, _summary)
         step.sending, step.retrying = new, True
         if new is not None:
             ctx.messages[:] = new
@@ -308,7 +292,7 @@ class ContextTrackerCapability(AbstractCapability[Any]):
         messages = list(messages)
         call = self._call(ctx, messages, (), (), ctx.model)
         out = await drive_async(call.effects, call.settle())
-        new = compacted(messages, out)
+        new = compacted(messages, out, _summary)
         return messages if new is None else new
 
     # -- work ------------------------------------------------------------------------------
@@ -334,8 +318,11 @@ class ContextTrackerCapability(AbstractCapability[Any]):
     ) -> ModelCall:
         """The model call: observe (and compact / wait / adopt), report usage, recover from one rejection."""
         view = view_of(messages, instructions, tools)
-        spans = Spans(view, messages, lambda text: ModelRequest(parts=[UserPromptPart(text)]))
-        return ModelCall(self.guard, self._session(ctx), view, summarize_with(self._asking(model), spans))
+
+        def stand_in(text: str) -> ModelMessage:
+            return ModelRequest(parts=[UserPromptPart(text)])
+
+        return self._model_call(self._session(ctx), view, messages, stand_in, self._asking(model))
 
     def _asking(self, model: Any) -> Callable[[list[ModelMessage], int], Any]:
         """The summariser as ``(messages, budget) -> text``: a callable as it is; a pydantic-ai ``Agent``
@@ -373,18 +360,10 @@ def _step_key(ctx: RunContext[Any]) -> tuple[str, int]:
     return (str(ctx.run_id) if ctx.run_id is not None else f"ctx-{id(ctx)}", ctx.run_step)
 
 
-def compacted(messages: list[ModelMessage], out: Outcome) -> list[ModelMessage] | None:
-    """The history after the outcome's replacements (each refers to the history the one before left), or None."""
-    if not out.replacements:
-        return None
-
-    def summary(rep: Any, span: list[ModelMessage]) -> ModelMessage:
-        system_parts = [
-            p for m in span if isinstance(m, ModelRequest) for p in m.parts if isinstance(p, SystemPromptPart)
-        ]
-        return summary_message(rep.summary, rep.revision, system_parts)
-
-    return replaced(messages, out.replacements, summary)
+def _summary(rep: Any, span: list[ModelMessage]) -> ModelMessage:
+    """A replacement's summary message: with the system prompt parts of the span it replaced."""
+    system_parts = [p for m in span if isinstance(m, ModelRequest) for p in m.parts if isinstance(p, SystemPromptPart)]
+    return summary_message(rep.summary, rep.revision, system_parts)
 
 
 def usage_of(response: ModelResponse) -> Usage | None:

@@ -2,24 +2,32 @@
 
 * :mod:`~tracker.integrations.compaction.view` — the history as :class:`Item` s, the :class:`View` a
   framework is about to send, :class:`Replacement` s, :func:`cut_points`, :class:`Spans`;
-* :mod:`~tracker.integrations.compaction.guard` — :class:`ContextGuard`, whose ``steps(session, view)``
+* :mod:`~tracker.integrations.compaction.guard` — :class:`Guard`, whose ``steps(session, view)``
   is the whole protocol with the tracker as a generator of steps (no I/O);
 * :mod:`~tracker.integrations.compaction.drive` — the sync and async drivers that run those steps
-  against a tracker (embedded, ``TrackerClient`` or ``AsyncTrackerClient``) and a summariser;
+  against a tracker (embedded, ``TrackerClient`` or ``AsyncTrackerClient``) and a summariser, and
+  :class:`ContextGuard`: the guard with them (``before_call``, ``abefore_call``);
 * :mod:`~tracker.integrations.compaction.shares` — where a compaction is published for other holders.
 """
 
-from tracker.integrations.compaction.drive import Effects, call_async, drive_async, drive_sync, summarize_with
+from tracker.integrations.compaction.drive import (
+    ContextGuard,
+    Effects,
+    call_async,
+    drive_async,
+    drive_sync,
+    summarize_with,
+)
 from tracker.integrations.compaction.guard import (
     COUNT_FAILED,
     NOTHING_TO_SUMMARIZE,
     SUMMARIZER_ERROR,
     SUMMARY_OVER_BUDGET,
     Commit,
-    ContextGuard,
     Count,
     Fetch,
     FindCommit,
+    Guard,
     GuardOptions,
     Observe,
     Publish,
@@ -69,6 +77,7 @@ __all__ = [
     "Effects",
     "Fetch",
     "FindCommit",
+    "Guard",
     "GuardOptions",
     "Item",
     "MemoryShare",

@@ -19,22 +19,8 @@ from typing import Any, Generic, TypeVar
 
 from tracker.core.events import CompactionCommitted
 from tracker.errors import InvalidInput
-from tracker.integrations.compaction.guard import (
-    Commit,
-    ContextGuard,
-    Count,
-    Fetch,
-    FindCommit,
-    Observe,
-    Publish,
-    Reject,
-    Report,
-    Step,
-    Summarize,
-    Unsupported,
-    Wait,
-)
-from tracker.integrations.compaction.view import Spans, View
+from tracker.integrations.compaction import guard as g
+from tracker.integrations.compaction.view import Outcome, Spans, View
 from tracker.queries import decode
 
 T = TypeVar("T")
@@ -77,39 +63,39 @@ class Effects:
     """What one call's steps run against: the guard's tracker, counter and share, on ``session_id``,
     and the call's ``summarize``."""
 
-    guard: ContextGuard
+    guard: g.Guard
     session_id: str
     summarize: SummarizeFn | None = None
 
-    def of(self, step: Step) -> Effect:
+    def of(self, step: g.Step) -> Effect:
         """The callable a step runs, with its arguments (called by a driver, sync or async)."""
         t, s = self.guard.tracker, self.session_id
         match step:
-            case Observe(request=request, model=model, basis=basis):
+            case g.Observe(request=request, model=model, basis=basis):
                 return t.observe, (s,), {"request": request, "model": model, "basis": basis}
-            case Wait(attempt_id=attempt_id, timeout=timeout):
+            case g.Wait(attempt_id=attempt_id, timeout=timeout):
                 return t.wait, (s, attempt_id), {"timeout": timeout}
-            case Commit(attempt_id=a, fencing_token=f, tokens_after=n):
+            case g.Commit(attempt_id=a, fencing_token=f, tokens_after=n):
                 return t.commit, (s, a, f, n), {}
-            case Reject(attempt_id=a, fencing_token=f, reason=reason):
+            case g.Reject(attempt_id=a, fencing_token=f, reason=reason):
                 return t.reject, (s, a, f, reason), {}
-            case Report(method=method, options=options):
+            case g.Report(method=method, options=options):
                 report = getattr(t, method, None)
                 if not callable(report):
-                    raise Unsupported(f"this tracker takes no {method.replace('_', ' ')}s")
+                    raise g.Unsupported(f"this tracker takes no {method.replace('_', ' ')}s")
                 return report, (s,), options
-            case FindCommit(revision=revision, from_version=from_version):
+            case g.FindCommit(revision=revision, from_version=from_version):
                 finder = afind_commit if inspect.isasyncgenfunction(getattr(t, "history", None)) else find_commit
                 return finder, (t, s, revision, from_version), {}
-            case Count(request=request):
+            case g.Count(request=request):
                 return self.guard.count, (request,), {}
-            case Summarize(view=view, start=start, end=end, budget=budget):
+            case g.Summarize(view=view, start=start, end=end, budget=budget):
                 if self.summarize is None:
                     raise InvalidInput("summarize", "this call was given no summariser")
                 return self.summarize, (view, start, end, budget), {}
-            case Publish(attempt_id=a, payload=payload):
+            case g.Publish(attempt_id=a, payload=payload):
                 return self.guard.share.put, (s, a, payload), {}
-            case Fetch(attempt_id=a):
+            case g.Fetch(attempt_id=a):
                 return self.guard.share.get, (s, a), {}
         raise TypeError(f"not a step: {step!r}")  # pragma: no cover
 
@@ -119,12 +105,12 @@ class _Run(Generic[T]):
 
     value: T
 
-    def __init__(self, steps: Generator[Step, Any, T]) -> None:
+    def __init__(self, steps: Generator[g.Step, Any, T]) -> None:
         self._steps = steps
         self.reply: Any = None
         self.error: Exception | None = None
 
-    def next(self) -> Step | None:
+    def next(self) -> g.Step | None:
         """The next step, or None when the generator returned (its value is ``value``)."""
         reply, error, self.reply, self.error = self.reply, self.error, None, None
         try:
@@ -134,7 +120,7 @@ class _Run(Generic[T]):
             return None
 
 
-def drive_sync(effects: Effects, steps: Generator[Step, Any, T]) -> T:
+def drive_sync(effects: Effects, steps: Generator[g.Step, Any, T]) -> T:
     """Run ``steps`` to their return value, each step in this thread (a sync tracker)."""
     run = _Run(steps)
     while (step := run.next()) is not None:
@@ -142,7 +128,7 @@ def drive_sync(effects: Effects, steps: Generator[Step, Any, T]) -> T:
             fn, args, kwargs = effects.of(step)
             run.reply = fn(*args, **kwargs)
             if inspect.isawaitable(run.reply):
-                if not isinstance(step, Summarize):
+                if not isinstance(step, g.Summarize):
                     _close(run.reply)
                     raise InvalidInput("tracker", "an async tracker needs the framework's async path (ainvoke, arun)")
                 run.reply = asyncio.run(_awaited(run.reply))  # an async summariser, from sync code
@@ -151,7 +137,7 @@ def drive_sync(effects: Effects, steps: Generator[Step, Any, T]) -> T:
     return run.value
 
 
-async def drive_async(effects: Effects, steps: Generator[Step, Any, T]) -> T:
+async def drive_async(effects: Effects, steps: Generator[g.Step, Any, T]) -> T:
     """Run ``steps`` to their return value from an event loop, with a sync or an async tracker."""
     run = _Run(steps)
     while (step := run.next()) is not None:
@@ -161,6 +147,28 @@ async def drive_async(effects: Effects, steps: Generator[Step, Any, T]) -> T:
         except Exception as exc:  # noqa: BLE001 - thrown into the steps, which decide
             run.error = exc
     return run.value
+
+
+class ContextGuard(g.Guard):
+    """The guard (:class:`~.guard.Guard`: its ``steps``) with its drivers, for code that is not an adapter."""
+
+    def before_call(self, session_id: str, view: View, summarize: Callable[[int, int, int], str]) -> Outcome:
+        """Settle ``view`` with a sync tracker; ``summarize(start, end, budget)`` indexes the view being
+        compacted (the one given, unless a compaction was adopted first)."""
+        return drive_sync(self._effects(session_id, summarize), self.steps(session_id, view))
+
+    async def abefore_call(self, session_id: str, view: View, summarize: Callable[[int, int, int], Any]) -> Outcome:
+        """:meth:`before_call` from an event loop, with a sync or an async tracker (and summariser)."""
+        return await drive_async(self._effects(session_id, summarize), self.steps(session_id, view))
+
+    def _effects(self, session_id: str, summarize: Callable[[int, int, int], Any]) -> Effects:
+        if _is_async(summarize):
+
+            async def on_view_async(view: View, start: int, end: int, budget: int) -> str:
+                return _text(await summarize(start, end, budget))
+
+            return Effects(self, session_id, on_view_async)
+        return Effects(self, session_id, lambda view, start, end, budget: summarize(start, end, budget))
 
 
 async def call_async(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -212,6 +220,7 @@ async def _texted(value: Awaitable[Any]) -> str:
 
 
 __all__: Sequence[str] = (
+    "ContextGuard",
     "Effects",
     "SummarizeFn",
     "afind_commit",

@@ -1,4 +1,4 @@
-"""The protocol with the tracker, sans-I/O: :meth:`ContextGuard.steps` yields what to do, is sent what happened.
+"""The protocol with the tracker, sans-I/O: :meth:`Guard.steps` yields what to do, is sent what happened.
 
 Before a model call an adapter turns the request into a :class:`~.view.View` and drives
 ``guard.steps(session_id, view)`` (:func:`~.drive.drive_sync` or :func:`~.drive.drive_async` run
@@ -83,93 +83,83 @@ NOTHING_TO_SUMMARIZE = "nothing_to_summarize"
 # -- the steps: what the guard asks for, and (in the comment) what it is sent back -------------
 
 
+# ``tracker.observe(session, request=, model=, basis=)`` → its ``Result``
 @dataclass(frozen=True)
 class Observe:
-    """``tracker.observe(session, request=, model=, basis=)`` → its ``Result``."""
-
     request: dict[str, Any]
     model: str
     basis: str
 
 
+# ``tracker.wait(session, attempt_id, timeout=)`` → how it ended (``WaitTimeout`` is fine)
 @dataclass(frozen=True)
 class Wait:
-    """``tracker.wait(session, attempt_id, timeout=)`` → how it ended (``WaitTimeout`` is fine)."""
-
     attempt_id: str
     timeout: float
 
 
+# The request's ``input_tokens`` with the tracker's counter → int (or ``CountError``)
 @dataclass(frozen=True)
 class Count:
-    """The request's ``input_tokens`` with the tracker's counter → int (or ``CountError``)."""
-
     request: dict[str, Any]
 
 
+# A summary of ``view.items[start:end]`` within ``budget`` tokens → its text
 @dataclass(frozen=True)
 class Summarize:
-    """A summary of ``view.items[start:end]`` within ``budget`` tokens → its text."""
-
     view: View
     start: int
     end: int
     budget: int
 
 
+# ``share.put(session, attempt_id, payload)``, before the commit
 @dataclass(frozen=True)
 class Publish:
-    """``share.put(session, attempt_id, payload)``, before the commit."""
-
     attempt_id: str
     payload: dict[str, Any]
 
 
 @dataclass(frozen=True)
-class Commit:
-    """``tracker.commit(session, attempt_id, fencing_token, tokens_after)`` → the ``SessionState``."""
-
+class _Held:  # a step on the attempt this holder opened
     attempt_id: str
     fencing_token: int
+
+
+# ``tracker.commit(session, attempt_id, fencing_token, tokens_after)`` → the ``SessionState``
+@dataclass(frozen=True)
+class Commit(_Held):
     tokens_after: int
 
 
+# ``tracker.reject(session, attempt_id, fencing_token, reason)``
 @dataclass(frozen=True)
-class Reject:
-    """``tracker.reject(session, attempt_id, fencing_token, reason)``."""
-
-    attempt_id: str
-    fencing_token: int
+class Reject(_Held):
     reason: str
 
 
+# The session's ``CompactionCommitted`` to ``revision``, read from ``from_version`` on → it, or None
 @dataclass(frozen=True)
 class FindCommit:
-    """The session's ``CompactionCommitted`` to ``revision``, read from ``from_version`` on → it, or None."""
-
     revision: int
     from_version: int
 
 
+# ``share.get(session, attempt_id)`` → the published payload, or None
 @dataclass(frozen=True)
 class Fetch:
-    """``share.get(session, attempt_id)`` → the published payload, or None."""
-
     attempt_id: str
 
 
+# ``tracker.report_usage`` / ``report_rejection`` (``session, **options``) → the ``Report``
+#   (:class:`Unsupported` when the tracker takes no such report)
 @dataclass(frozen=True)
 class Report:
-    """``tracker.report_usage`` / ``report_rejection`` (``session, **options``) → the ``Report``
-    (:class:`Unsupported` when the tracker takes no such report)."""
-
     method: Literal["report_usage", "report_rejection"]
     options: dict[str, Any]
 
 
 Step = Observe | Wait | Count | Summarize | Publish | Commit | Reject | FindCommit | Fetch | Report
-#: a generator of steps returning ``T`` (``guard.steps``, ``ModelCall.settle`` ...)
-Steps = Generator[Step, Any, Any]
 
 
 class Unsupported(TrackerError):
@@ -216,7 +206,7 @@ def default_counter(
 
 
 class GuardOptions(TypedDict, total=False):
-    """The :class:`ContextGuard` settings an adapter passes through (``Unpack[GuardOptions]``)."""
+    """The guard's settings an adapter passes through (``Unpack[GuardOptions]``)."""
 
     keep_last: int
     share: SummaryShare | None
@@ -225,12 +215,13 @@ class GuardOptions(TypedDict, total=False):
     models_file: str | os.PathLike[str] | None
 
 
-class ContextGuard:
-    """Observe every model call; compact, wait or adopt as the tracker decides.
+class Guard:
+    """Observe every model call; compact, wait or adopt as the tracker decides: :meth:`steps`.
 
     ``tracker`` is an embedded ``Tracker``, a ``TrackerClient`` or an ``AsyncTrackerClient``
     (:class:`~tracker.protocol.TrackerProtocol` / :class:`~tracker.protocol.AsyncTrackerProtocol`):
-    the drivers call it, :meth:`steps` never does. ``model`` is the tracker's registry name of the model.
+    the drivers call it, :meth:`steps` never does (:class:`~.drive.ContextGuard` is this guard with
+    its drivers). ``model`` is the tracker's registry name of the model.
     """
 
     def __init__(
@@ -267,15 +258,6 @@ class ContextGuard:
                 self._count = default_counter(self.tracker, self.model, self._models_file)
             count = self._count
         return count(request)
-
-    def before_call(self, session_id: str, view: View, summarize: Callable[[int, int, int], str]) -> Outcome:
-        """Settle ``view`` with a sync tracker (:func:`~.drive.drive_sync`); ``summarize(start, end, budget)``
-        indexes the view being compacted (the one given, unless a compaction was adopted first)."""
-        from tracker.integrations.compaction.drive import Effects, drive_sync
-
-        effects = Effects(self, session_id, lambda v, start, end, budget: summarize(start, end, budget))
-        out: Outcome = drive_sync(effects, self.steps(session_id, view))
-        return out
 
     # -- the steps ---------------------------------------------------------------------------
     def steps(self, session_id: str, view: View) -> Generator[Step, Any, Outcome]:

@@ -39,9 +39,19 @@ def marked_revision(marks: Iterable[Mapping[str, Any] | None]) -> int:
     return 1
 
 
+def summary_text(text: str) -> str:
+    """What the model reads of a summary: :data:`SUMMARY_PREFIX`, then the summary."""
+    return SUMMARY_PREFIX + text
+
+
+def summary_mark(revision: int) -> dict[str, Any]:
+    """The metadata a framework's summary message carries: the history's revision it starts."""
+    return {MARKER: {"revision": revision}}
+
+
 def summary_item(text: str) -> Item:
     """The item a summary message becomes (adapters build their framework message to match)."""
-    return Item(({"role": "user", "content": SUMMARY_PREFIX + text},))
+    return Item(({"role": "user", "content": summary_text(text)},))
 
 
 def digest(items: Sequence[Item]) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextvars
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from agents import Model
 
@@ -17,15 +17,18 @@ from tracker.integrations._provider import ModelCall
 from tracker.integrations.compaction import digest
 from tracker.integrations.openai_agents.items import items_of
 
-if TYPE_CHECKING:
-    from tracker.integrations.openai_agents.filter import ContextTrackerFilter
+
+class Recovers(Protocol):
+    """The filter, as the model wrapper sees it: what to retry a refused input with (None: re-raise)."""
+
+    async def recover(self, pending: Pending, exc: BaseException) -> list[Any] | None: ...
 
 
 @dataclass
 class Pending:
     """The model call a filter settled in this task: what the SDK sends next is ``sent`` (digest ``sent_digest``)."""
 
-    filter: ContextTrackerFilter
+    filter: Recovers
     call: ModelCall
     sent: list[Any]
     sent_digest: str
@@ -41,7 +44,7 @@ PENDING: contextvars.ContextVar[Pending | None] = contextvars.ContextVar("contex
 class RecoveringModel(Model):
     """An SDK ``Model`` whose call of a filtered input recovers once from a context-length error."""
 
-    def __init__(self, inner: Model, owner: ContextTrackerFilter) -> None:
+    def __init__(self, inner: Model, owner: Recovers) -> None:
         self.inner, self.owner = inner, owner
 
     def _pending(self, input: Any) -> Pending | None:
