@@ -398,7 +398,8 @@ def server(tmp_path_factory):
 
     models = tmp_path_factory.mktemp("pai-server") / "models.json"
     models.write_text(json.dumps(ex.MODELS))
-    with api_server(fleets=("pai",), TRACKER_MODELS_FILE=str(models)) as api:
+    # a generous count timeout: the server counts in-process, on a machine the test may share with others
+    with api_server(fleets=("pai",), TRACKER_MODELS_FILE=str(models), TRACKER_COUNT_TIMEOUT_S="30") as api:
         yield api, str(models)
 
 
