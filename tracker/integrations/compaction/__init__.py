@@ -6,7 +6,7 @@
   is the whole protocol with the tracker as a generator of steps (no I/O);
 * :mod:`~tracker.integrations.compaction.drive` — the sync and async drivers that run those steps
   against a tracker (embedded, ``TrackerClient`` or ``AsyncTrackerClient``) and a summariser, and
-  :class:`ContextGuard`: the guard with them (``before_call``, ``abefore_call``);
+  :class:`ContextGuard`: the guard with the sync one (``before_call``);
 * :mod:`~tracker.integrations.compaction.shares` — where a compaction is published for other holders.
 """
 

@@ -150,25 +150,14 @@ async def drive_async(effects: Effects, steps: Generator[g.Step, Any, T]) -> T:
 
 
 class ContextGuard(g.Guard):
-    """The guard (:class:`~.guard.Guard`: its ``steps``) with its drivers, for code that is not an adapter."""
+    """The guard (:class:`~.guard.Guard`: its ``steps``) with the sync driver, for code that is not an adapter
+    (the adapters drive the steps themselves, sync or async: ``drive_async(call.effects, call.settle())``)."""
 
     def before_call(self, session_id: str, view: View, summarize: Callable[[int, int, int], str]) -> Outcome:
         """Settle ``view`` with a sync tracker; ``summarize(start, end, budget)`` indexes the view being
         compacted (the one given, unless a compaction was adopted first)."""
-        return drive_sync(self._effects(session_id, summarize), self.steps(session_id, view))
-
-    async def abefore_call(self, session_id: str, view: View, summarize: Callable[[int, int, int], Any]) -> Outcome:
-        """:meth:`before_call` from an event loop, with a sync or an async tracker (and summariser)."""
-        return await drive_async(self._effects(session_id, summarize), self.steps(session_id, view))
-
-    def _effects(self, session_id: str, summarize: Callable[[int, int, int], Any]) -> Effects:
-        if _is_async(summarize):
-
-            async def on_view_async(view: View, start: int, end: int, budget: int) -> str:
-                return _text(await summarize(start, end, budget))
-
-            return Effects(self, session_id, on_view_async)
-        return Effects(self, session_id, lambda view, start, end, budget: summarize(start, end, budget))
+        effects = Effects(self, session_id, lambda _view, start, end, budget: summarize(start, end, budget))
+        return drive_sync(effects, self.steps(session_id, view))
 
 
 async def call_async(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
