@@ -37,9 +37,12 @@ from tests.support.examples import (
 )
 from tests.support.provider_reports import FailingReports, openai_context_error, reports
 from tracker import ContextLimitError, StaleBasis, Tracker  # noqa: E402
+from tracker.core.events import CompactionCommitted  # noqa: E402
+from tracker.errors import InvalidInput  # noqa: E402
 from tracker.integrations import Item, cut_points, default_counter  # noqa: E402
 from tracker.integrations._provider import Usage  # noqa: E402
 from tracker.integrations.langchain import ContextTrackerMiddleware, revision_of  # noqa: E402
+from tracker.queries import decode  # noqa: E402
 from tracker.settings import Settings  # noqa: E402
 from tracker.store.migrate import upgrade  # noqa: E402
 
@@ -486,3 +489,83 @@ def test_usage_metadata_maps_to_the_trackers_uncached_input():
     assert usage_of(msg(beside)) == Usage(10, 5, 100, 200)
     assert usage_of(msg({"input_tokens": 0, "output_tokens": 0, "total_tokens": 0})) is None  # a fake model's
     assert usage_of(ModelResponse(result=[AIMessage("no usage")])) is None
+
+
+# -- an async tracker: the AsyncTrackerClient, against a real server on loopback --------------------
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    from tests.support.api import api_server
+
+    models = tmp_path_factory.mktemp("lc-server") / "models.json"
+    models.write_text(json.dumps(ex.MODELS))
+    # a generous count timeout: the server counts in-process, on a machine the test may share with others
+    with api_server(fleets=("lc",), TRACKER_MODELS_FILE=str(models), TRACKER_COUNT_TIMEOUT_S="30") as api:
+        yield api, str(models)
+
+
+@pytest.mark.postgres
+@pytest.mark.redis
+def test_an_async_tracker_client_compacts_in_the_async_agent_loop(server):
+    """``ainvoke`` with an ``AsyncTrackerClient``: every tracker call is awaited on the agent's loop, the
+    async summariser too, and the run compacts once as with the embedded tracker."""
+    from tracker import AsyncTrackerClient
+
+    api, models_file = server
+    session = f"lc-async-{uuid.uuid4().hex[:8]}"
+    summarizer = ex.Summarizer()
+    loops = []
+
+    async def summarize(messages, budget_tokens):
+        loops.append(asyncio.get_running_loop())
+        return summarizer(messages, budget_tokens)
+
+    async def main():
+        client = AsyncTrackerClient(api.url, api.token_a)
+        try:
+            model = ex.ScriptedChatModel(messages=iter(ex.script(13)))
+            middleware = ContextTrackerMiddleware(
+                client, model=ex.MODEL, summarizer=summarize, keep_last=4, models_file=models_file
+            )
+            agent = create_agent(model, tools=[ex.read_file], system_prompt=ex.SYSTEM, middleware=[middleware])
+            out = await agent.ainvoke(
+                {"messages": [HumanMessage(ex.QUESTION)]},
+                config={"configurable": {"thread_id": session}, "recursion_limit": 80},
+            )
+            return out, model, [e async for e in client.history(session)], asyncio.get_running_loop()
+        finally:
+            await client.aclose()
+
+    out, model, history, loop = asyncio.run(main())
+    assert out["messages"][-1].content.startswith("I read 13 files")
+    assert summarizer.calls == 1 and loops == [loop]  # the async summariser ran on the agent's own loop
+    assert [e.type for e in history if e.type.startswith("Compaction")] == ["CompactionStarted", "CompactionCommitted"]
+    (committed,) = [r.event for r in map(decode, history) if isinstance(r.event, CompactionCommitted)]
+    # tokens_after counted in this process with the registry equals the server's own count of that request
+    measured = [e.data["measurement"]["input_tokens"] for e in history if e.type == "ContextMeasured"]
+    assert committed.tokens_after in measured and committed.tokens_after < (committed.tokens_before or 0) / 2
+    assert revision_of(out["messages"]) == 2
+    assert any("context_tracker" in m.additional_kwargs for m in model.requests[-1])  # the model got the summary
+    assert_tool_calls_whole(out["messages"])
+
+
+@pytest.mark.postgres
+@pytest.mark.redis
+def test_a_sync_invoke_with_an_async_tracker_is_refused_naming_the_tracker(server):
+    from tracker import AsyncTrackerClient
+
+    api, models_file = server
+    client = AsyncTrackerClient(api.url, api.token_a)
+    try:
+        model = ex.ScriptedChatModel(messages=iter(ex.script(3)))
+        middleware = ContextTrackerMiddleware(
+            client, model=ex.MODEL, summarizer=ex.Summarizer(), models_file=models_file
+        )
+        agent = create_agent(model, tools=[ex.read_file], system_prompt=ex.SYSTEM, middleware=[middleware])
+        with pytest.raises(InvalidInput) as err:
+            agent.invoke({"messages": [HumanMessage(ex.QUESTION)]}, config={"configurable": {"thread_id": "lc-sync"}})
+        assert err.value.field == "tracker" and "async path" in str(err.value)
+        assert model.requests == []  # nothing was sent unobserved
+    finally:
+        asyncio.run(client.aclose())

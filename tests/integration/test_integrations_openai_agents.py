@@ -33,7 +33,7 @@ from tests.support.examples import (
 from tests.support.provider_reports import FailingReports, openai_context_error, reports
 from tracker import ContextLimitError, Tracker  # noqa: E402
 from tracker.errors import InvalidInput  # noqa: E402
-from tracker.integrations._compaction import SUMMARY_PREFIX  # noqa: E402
+from tracker.integrations.compaction import SUMMARY_PREFIX  # noqa: E402
 from tracker.integrations.openai_agents import (  # noqa: E402
     ContextTrackerFilter,
     ContextTrackerHooks,

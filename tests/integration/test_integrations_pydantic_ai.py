@@ -7,6 +7,7 @@ counting: nothing of the tracker is mocked. The agent is ``examples/pydantic_ai_
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 
 import pytest
@@ -39,7 +40,9 @@ from tests.support.examples import (
 )
 from tests.support.provider_reports import FailingReports, anthropic_context_body, reports
 from tracker import ContextLimitError, Tracker  # noqa: E402
+from tracker.core.events import ProviderRejected  # noqa: E402
 from tracker.integrations.pydantic_ai import ContextTrackerCapability, revision_of  # noqa: E402
+from tracker.queries import decode  # noqa: E402
 from tracker.settings import Settings  # noqa: E402
 from tracker.store.migrate import upgrade  # noqa: E402
 
@@ -384,3 +387,63 @@ def test_a_streamed_run_recovers_from_a_context_length_error_too(tracker):
     kinds = [e.type for e in events(tracker, session, "ProviderRejected", "CompactionCommitted", "UsageReported")]
     assert kinds == ["ProviderRejected", "CompactionCommitted", "UsageReported"]
     assert len(received) == 2 and revision_of(received[1]) == 2 and revision_of(received[0]) == 1
+
+
+# -- an async tracker: the AsyncTrackerClient, against a real server on loopback --------------------
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    from tests.support.api import api_server
+
+    models = tmp_path_factory.mktemp("pai-server") / "models.json"
+    models.write_text(json.dumps(ex.MODELS))
+    # a generous count timeout: the server counts in-process, on a machine the test may share with others
+    with api_server(fleets=("pai",), TRACKER_MODELS_FILE=str(models), TRACKER_COUNT_TIMEOUT_S="30") as api:
+        yield api, str(models)
+
+
+@pytest.mark.postgres
+@pytest.mark.redis
+def test_an_async_tracker_client_reports_compacts_and_retries_in_the_agent_loop(server):
+    """``agent.run`` with an ``AsyncTrackerClient``: observe, count, summarise, commit, the usage reports and
+    one context-length error recovered, every tracker call awaited on the run's loop."""
+    from tracker import AsyncTrackerClient
+
+    api, models_file = server
+    session = f"pai-async-{uuid.uuid4().hex[:8]}"
+    script = ProviderScript(8, failures={6: too_long(3012)})
+
+    async def main():
+        client = AsyncTrackerClient(api.url, api.token_a)
+        try:
+            capability = ContextTrackerCapability(
+                client, model=ex.MODEL, summarizer=ex.Summarizer(), keep_last=4, models_file=models_file
+            )
+            agent = Agent(
+                FunctionModel(script), system_prompt=ex.SYSTEM, tools=[ex.read_file], capabilities=[capability]
+            )
+            result = await agent.run(ex.QUESTION, conversation_id=session)
+            return result, [e async for e in client.history(session)]
+        finally:
+            await client.aclose()
+
+    result, history = asyncio.run(main())
+    assert result.output.startswith("I read 8 files")
+    kinds = [e.type for e in history if e.type in ("ProviderRejected", "CompactionStarted", "CompactionCommitted")]
+    assert kinds == ["ProviderRejected", "CompactionStarted", "CompactionCommitted"]
+    (rejected,) = [r.event for r in map(decode, history) if isinstance(r.event, ProviderRejected)]
+    assert (rejected.input_tokens, rejected.input_limit) == (3012, INPUT_LIMIT)
+    (refused, _), (retried, _) = script.requests[6], script.requests[7]
+    assert revision_of(refused) == 1 and revision_of(retried) == 2  # the compacted history was sent
+    # every answered call's usage reported on the basis it was measured with, the retried one on revision 2's
+    measured, usage = None, []
+    for e in history:
+        if e.type == "ContextMeasured":
+            measured = e.data["measurement"]["basis"]
+        elif e.type == "UsageReported":
+            usage.append((e.data["basis"], measured, e.data["input_tokens"]))
+    assert len(usage) == len(script.requests) - 1 == 9
+    assert all(basis == seen for basis, seen, _ in usage) and usage[6][0].startswith("r2:")
+    assert usage[6][2] == 1007 - CACHE_READ - CACHE_WRITE
+    assert revision_of(result.all_messages()) == 2

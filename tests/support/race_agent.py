@@ -33,7 +33,7 @@ from tracker.client import TrackerClient
 from tracker.counting.counters import heuristic_request_tokens
 from tracker.counting.request import CanonicalRequest
 from tracker.integrations import DirectoryShare
-from tracker.integrations._compaction import SUMMARY_PREFIX
+from tracker.integrations.compaction import SUMMARY_PREFIX
 from tracker.integrations.langchain import ContextTrackerMiddleware, to_request
 
 

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 GOOD = """
 from tracker.client import AsyncTrackerClient, TrackerClient
-from tracker.integrations._compaction import ContextGuard
+from tracker.integrations.compaction import ContextGuard
 from tracker.protocol import AsyncTrackerProtocol, TrackerProtocol
 from tracker.service import Tracker
 

@@ -1,7 +1,7 @@
 """The basis digest as a cross-language contract: docs/vectors/basis.json against the Python implementation.
 
 Each vector is a request with what Python computes for it: its canonical JSON, fingerprint,
-the digest of its history (``tracker.integrations._compaction.digest`` over one item per
+the digest of its history (``tracker.integrations.compaction.digest`` over one item per
 message), the basis ``View.basis()`` writes at the vector's revision and the heuristic count;
 or, for bad input, the ``InvalidInput`` code and field. ``numbers`` pairs JSON number texts with
 the canonical JSON Python writes for them. ``conversations`` holds one conversation as two
@@ -26,7 +26,7 @@ import pytest
 from tracker.counting.counters import heuristic_request_tokens
 from tracker.counting.request import CanonicalRequest, canonical_json
 from tracker.errors import InvalidInput
-from tracker.integrations._compaction import Item, View, digest
+from tracker.integrations.compaction import Item, View, digest
 from tracker.integrations.langchain import view_of
 
 VECTORS = Path(__file__).resolve().parents[2] / "docs" / "vectors" / "basis.json"

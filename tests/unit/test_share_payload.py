@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 
 from tracker.integrations import DirectoryShare
-from tracker.integrations._compaction import Item, Replacement, View, digest, share_payload, shared_span
+from tracker.integrations.compaction import Item, Replacement, View, digest, share_payload, shared_span
 
 
 def tool(call: str) -> dict:

@@ -10,13 +10,15 @@
   with ``wrap_model``) and ``ContextTrackerHooks`` for the OpenAI Agents SDK
   (``pip install 'context-tracker[openai-agents]'``).
 
-They are thin adapters over the framework-free :mod:`tracker.integrations._compaction` (what to
-keep, the protocol with the tracker) and :mod:`tracker.integrations._provider` (each call's usage
-reported, one provider context-length error recovered by compacting and retrying once).
+They are thin adapters over the framework-free :mod:`tracker.integrations.compaction` (what to
+keep; the protocol with the tracker as a generator of steps, and its sync and async drivers) and
+:mod:`tracker.integrations._provider` (each call's usage reported, one provider context-length error
+recovered by compacting and retrying once). Each takes a sync or an async tracker (``Tracker``,
+``TrackerClient``, ``AsyncTrackerClient``).
 Importing this package imports neither framework; the core install never needs them.
 """
 
-from tracker.integrations._compaction import (
+from tracker.integrations.compaction import (
     ContextGuard,
     DirectoryShare,
     Item,

@@ -1,7 +1,7 @@
 """The provider's side of a model call: its usage, its context-length error, one recovery.
 
-The adapters settle each request with :meth:`ContextGuard.before_call
-<tracker.integrations._compaction.ContextGuard.before_call>` and send it; :class:`ModelCall` closes
+The adapters settle each request with the guard's steps (:meth:`Guard.steps
+<tracker.integrations.compaction.guard.Guard.steps>`) and send it; :class:`ModelCall` closes
 the loop with the provider's own numbers:
 
 * **usage** — after the call, the usage the provider billed is reported on the basis the request
@@ -26,14 +26,24 @@ the loop with the provider's own numbers:
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Generator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from tracker.core.provider_errors import parse_context_length_error
-from tracker.integrations._compaction import ContextGuard, Outcome, Summarize, View
+from tracker.integrations.compaction import (
+    Effects,
+    Guard,
+    Outcome,
+    Report,
+    Step,
+    Unsupported,
+    View,
+    drive_async,
+    drive_sync,
+)
+from tracker.integrations.compaction.drive import SummarizeFn
 
 __all__ = ["ModelCall", "Usage", "call_async", "call_sync", "context_length_error", "report_usage_kwargs"]
 
@@ -152,16 +162,20 @@ def context_length_error(exc: BaseException) -> str | None:
 
 
 class ModelCall:
-    """One model call under ``guard``: settle, then report the usage; recover once from a context-length error.
+    """One model call under ``guard`` on ``session_id``: settle, report the usage, recover once from a
+    context-length error. Each is a generator of steps (``guard.steps`` and the two reports), run by
+    :func:`call_sync` / :func:`call_async` or, where a framework's hooks split the call (pydantic-ai),
+    by the adapter with ``drive_async(call.effects, call.settle())`` and so on.
 
     ``settle()`` → the :class:`Outcome` to send; after the call ``succeeded(result, usage_of)`` reports
     ``usage_of(result)`` on the sent request's basis (never raises); if the call raised,
     ``recover(exc)`` → the outcome to retry with (its ``replacements`` are all made since ``view``),
-    or None: re-raise ``exc``. Blocking (the tracker's calls block): async code runs each step in a thread.
+    or None: re-raise ``exc``.
     """
 
-    def __init__(self, guard: ContextGuard, session_id: str, view: View, summarize: Summarize) -> None:
-        self.guard, self.session_id, self.view, self.summarize = guard, session_id, view, summarize
+    def __init__(self, guard: Guard, session_id: str, view: View, summarize: SummarizeFn) -> None:
+        self.guard, self.session_id, self.view = guard, session_id, view
+        self.effects = Effects(guard, session_id, summarize)
         self.outcome: Outcome | None = None
         self.recovered = False  # a call is retried at most once
 
@@ -170,11 +184,11 @@ class ModelCall:
         """The basis of the request sent last (None before ``settle``)."""
         return self.outcome.view.basis() if self.outcome is not None else None
 
-    def settle(self) -> Outcome:
-        self.outcome = self.guard.before_call(self.session_id, self.view, self.summarize)
+    def settle(self) -> Generator[Step, Any, Outcome]:
+        self.outcome = yield from self.guard.steps(self.session_id, self.view)
         return self.outcome
 
-    def recover(self, exc: BaseException) -> Outcome | None:
+    def recover(self, exc: BaseException) -> Generator[Step, Any, Outcome | None]:
         """The provider refused the sent request: report it, compact, and return what to retry with.
 
         None (re-raise ``exc``) when ``exc`` is not a context-length error, when this call was
@@ -182,41 +196,34 @@ class ModelCall:
         ``report_rejection``, or the report failed: logged). A ``ContextLimitError`` from settling
         again (nothing eligible to compact) propagates."""
         sent = self.outcome
-        if sent is None or self.recovered:
-            return None
-        message = context_length_error(exc)
-        if message is None:
+        message = context_length_error(exc) if sent is not None and not self.recovered else None
+        if sent is None or message is None:
             return None
         self.recovered = True
-        report = getattr(self.guard.tracker, "report_rejection", None)
-        if not callable(report):
-            log.warning("session %s: the provider refused the request as too long; this tracker takes no rejection "
-                        "reports, so it is not retried", self.session_id)  # fmt: skip
-            return None
         basis = sent.view.basis()
         try:
-            report(self.session_id, basis=basis, message=message)
+            yield Report("report_rejection", {"basis": basis, "message": message})
         except Exception as err:  # noqa: BLE001 - the provider's error is what the caller gets
-            log.warning("session %s: rejection report failed: %s: %s", self.session_id, type(err).__name__, err)
+            log.warning("session %s: the provider refused the request as too long and the rejection was not "
+                        "reported (%s: %s), so it is not retried", self.session_id, type(err).__name__, err)  # fmt: skip
             return None
         log.info(
             "session %s: the provider refused %s as too long; compacting and retrying once", self.session_id, basis
         )
-        again = self.guard.before_call(self.session_id, sent.view, self.summarize)
+        again = yield from self.guard.steps(self.session_id, sent.view)
         if again.view.basis() == basis:
             return None  # nothing changed: sending the same request again would fail the same way
         self.outcome = Outcome(again.view, [*sent.replacements, *again.replacements])
         return self.outcome
 
-    def succeeded(self, result: Any, usage_of: Callable[[Any], Usage | None]) -> None:
+    def succeeded(self, result: Any, usage_of: Callable[[Any], Usage | None]) -> Generator[Step, Any, None]:
         """Report the usage of the call's ``result`` (``usage_of`` maps the framework's); never raises."""
-        basis = self.basis
         try:
-            usage = usage_of(result)
-            report = getattr(self.guard.tracker, "report_usage", None)
-            if usage is None or basis is None or not callable(report):
-                return
-            report(self.session_id, **report_usage_kwargs(basis, usage))
+            usage, basis = usage_of(result), self.basis
+            if usage is not None and basis is not None:
+                yield Report("report_usage", report_usage_kwargs(basis, usage))
+        except Unsupported:
+            pass  # a tracker that takes no usage reports is sent none
         except Exception as err:  # noqa: BLE001 - a usage report never breaks the agent's call
             log.warning("session %s: usage report failed: %s: %s", self.session_id, type(err).__name__, err)
 
@@ -225,33 +232,33 @@ def call_sync(
     call: ModelCall, send: Callable[[Outcome], R], usage_of: Callable[[R], Usage | None]
 ) -> tuple[Outcome, R]:
     """Settle, send, report; on a context-length error recover once. The outcome sent and the result."""
-    out = call.settle()
+    out = drive_sync(call.effects, call.settle())
     while True:
         try:
             result = send(out)
         except Exception as exc:
-            retry = call.recover(exc)
+            retry = drive_sync(call.effects, call.recover(exc))
             if retry is None:
                 raise
             out = retry
             continue
-        call.succeeded(result, usage_of)
+        drive_sync(call.effects, call.succeeded(result, usage_of))
         return out, result
 
 
 async def call_async(
     call: ModelCall, send: Callable[[Outcome], Awaitable[R]], usage_of: Callable[[R], Usage | None]
 ) -> tuple[Outcome, R]:
-    """:func:`call_sync` for an async ``send``; the tracker's (blocking) steps run in a worker thread."""
-    out = await asyncio.to_thread(call.settle)
+    """:func:`call_sync` for an async ``send``, with a sync or an async tracker."""
+    out = await drive_async(call.effects, call.settle())
     while True:
         try:
             result = await send(out)
         except Exception as exc:
-            retry = await asyncio.to_thread(call.recover, exc)
+            retry = await drive_async(call.effects, call.recover(exc))
             if retry is None:
                 raise
             out = retry
             continue
-        await asyncio.to_thread(call.succeeded, result, usage_of)
+        await drive_async(call.effects, call.succeeded(result, usage_of))
         return out, result

@@ -18,7 +18,7 @@ is called with the compacted history, and the agent state's messages are replace
 ``SummarizationMiddleware`` does); the summary is a ``HumanMessage`` whose
 ``additional_kwargs["context_tracker"]["revision"]`` is the history's new revision. On ``wait`` it
 waits, on ``ContextLimitError`` it raises to the caller of ``invoke``; see
-:mod:`tracker.integrations._compaction` for the whole protocol.
+:mod:`tracker.integrations.compaction` for the whole protocol.
 
 After every model call the reply's ``usage_metadata`` is reported (``tracker.report_usage``, on the
 basis the request was observed with; LangChain's ``input_tokens`` includes the cached tokens, so the
@@ -27,14 +27,15 @@ provider's context-length error (``openai.BadRequestError`` ``context_length_exc
 ``prompt is too long: ...``) is reported (``tracker.report_rejection``), the history compacted and
 the call retried once; see :mod:`tracker.integrations._provider`. A report that fails is logged.
 
+``tracker`` may be sync (``Tracker``, ``TrackerClient``: both ``invoke`` and ``ainvoke``) or async
+(``AsyncTrackerClient``: ``ainvoke``; its calls are awaited on the agent's loop).
+
 Put it last in ``middleware=[...]`` (innermost) so it observes exactly what reaches the model.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
-import inspect
 import json
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Unpack
@@ -60,20 +61,11 @@ from langgraph.graph.message import REMOVE_ALL_MESSAGES
 from langgraph.types import Command
 
 from tracker.errors import InvalidInput
-from tracker.integrations._compaction import (
-    MARKER,
-    SUMMARY_PREFIX,
-    ContextGuard,
-    GuardOptions,
-    Item,
-    Outcome,
-    Spans,
-    View,
-    marked_revision,
-    summary_prompt,
-)
+from tracker.integrations._adapter import Guarded, compacted
 from tracker.integrations._provider import ModelCall, Usage, call_async, call_sync
-from tracker.protocol import TrackerProtocol
+from tracker.integrations.compaction import GuardOptions, Item, Outcome, View, marked_revision, summary_prompt
+from tracker.integrations.compaction.view import summary_mark, summary_text
+from tracker.protocol import AsyncTrackerProtocol, TrackerProtocol
 
 __all__ = ["ContextTrackerMiddleware", "message_item", "summary_message", "to_request", "usage_of"]
 
@@ -186,29 +178,33 @@ def to_request(
 
 def summary_message(text: str, revision: int) -> HumanMessage:
     """The message a summary becomes in the agent state."""
-    return HumanMessage(content=SUMMARY_PREFIX + text, additional_kwargs={MARKER: {"revision": revision}})
+    return HumanMessage(content=summary_text(text), additional_kwargs=summary_mark(revision))
+
+
+def _summary(rep: Any, _span: list[AnyMessage]) -> AnyMessage:
+    return summary_message(rep.summary, rep.revision)
 
 
 # -- the middleware ------------------------------------------------------------------------------
 
 
-class ContextTrackerMiddleware(AgentMiddleware):
+class ContextTrackerMiddleware(AgentMiddleware, Guarded):
     """Observe every model call with the tracker; compact, wait or stop as it decides.
 
-    ``tracker``: an embedded ``Tracker`` or a ``TrackerClient``; ``model``: the tracker's
-    registry name of the agent's model. ``summarizer``: a chat model, or a callable
+    ``tracker``: an embedded ``Tracker``, a ``TrackerClient`` or an ``AsyncTrackerClient``; ``model``:
+    the tracker's registry name of the agent's model. ``summarizer``: a chat model, or a callable
     ``(messages, budget_tokens) -> str`` (may be async); default the agent's own model.
     ``keep_last``: entries always kept verbatim at the end (moved so a tool call and its
     results stay together). ``share``: where a compaction is published for other processes on
     the same session (:class:`~tracker.integrations.RedisShare` across machines); default
     in-process. ``count_tokens``: how ``tokens_after`` is counted (default: the tracker's own
     counter, see :func:`~tracker.integrations.default_counter`); ``wait_timeout_s``, ``models_file``:
-    as for :class:`~tracker.integrations._compaction.ContextGuard`.
+    as for :class:`~tracker.integrations.compaction.ContextGuard`.
     """
 
     def __init__(
         self,
-        tracker: TrackerProtocol,
+        tracker: TrackerProtocol | AsyncTrackerProtocol,
         *,
         model: str,
         summarizer: Summarizer | None = None,
@@ -216,9 +212,7 @@ class ContextTrackerMiddleware(AgentMiddleware):
         **options: Unpack[GuardOptions],
     ) -> None:
         super().__init__()
-        self.guard = ContextGuard(tracker, model=model, **options)
-        self.summarizer = summarizer
-        self.session_id = session_id
+        self._guarded(tracker, model, summarizer, session_id, options)
 
     @property
     def name(self) -> str:
@@ -227,7 +221,7 @@ class ContextTrackerMiddleware(AgentMiddleware):
     # -- hooks -------------------------------------------------------------------------------
     def wrap_model_call(self, request: ModelRequest, handler: Callable[[ModelRequest], ModelResponse]) -> Any:
         messages = list(request.messages)
-        call = self._call(request, messages, loop=None)
+        call = self._call(request, messages, asynchronous=False)
         out, response = call_sync(call, lambda out: handler(_sending(request, messages, out)), usage_of)
         return _answer(response, messages, out)
 
@@ -235,7 +229,7 @@ class ContextTrackerMiddleware(AgentMiddleware):
         self, request: ModelRequest, handler: Callable[[ModelRequest], Awaitable[ModelResponse]]
     ) -> Any:
         messages = list(request.messages)
-        call = self._call(request, messages, loop=asyncio.get_running_loop())
+        call = self._call(request, messages, asynchronous=True)
         out, response = await call_async(call, lambda out: handler(_sending(request, messages, out)), usage_of)
         return _answer(response, messages, out)
 
@@ -260,53 +254,42 @@ class ContextTrackerMiddleware(AgentMiddleware):
             )
         return str(thread_id)
 
-    def _call(
-        self, request: ModelRequest, messages: list[AnyMessage], loop: asyncio.AbstractEventLoop | None
-    ) -> ModelCall:
+    def _call(self, request: ModelRequest, messages: list[AnyMessage], *, asynchronous: bool) -> ModelCall:
         """The model call: observe (and compact / wait / adopt), report usage, recover from one rejection."""
         view = view_of(messages, request.system_message, request.tools)
-        spans = Spans(self.guard, view, messages, lambda text: HumanMessage(content=text))
-
-        def summarize(start: int, end: int, budget: int) -> str:
-            return self._summarize(spans(start, end), budget, request, loop)
-
-        return ModelCall(self.guard, self._session(request), view, summarize)
-
-    def _summarize(
-        self, messages: list[AnyMessage], budget: int, request: ModelRequest, loop: asyncio.AbstractEventLoop | None
-    ) -> str:
-        summarizer = self.summarizer if self.summarizer is not None else request.model
-        if hasattr(summarizer, "invoke"):  # a chat model or any Runnable
-            reply = summarizer.invoke([HumanMessage(content=summary_prompt(get_buffer_string(messages), budget))])
-            return reply if isinstance(reply, str) else str(reply.text)
-        result = summarizer(messages, budget)  # type: ignore[operator]
-        if inspect.isawaitable(result):
-            if loop is not None:  # run it on the agent's own loop, which is awaiting this thread
-                return asyncio.run_coroutine_threadsafe(_awaited(result), loop).result()
-            return asyncio.run(_awaited(result))
-        return str(result)
+        summarizer = _asking(self.summarizer if self.summarizer is not None else request.model, asynchronous)
+        return self._model_call(self._session(request), view, messages, lambda text: HumanMessage(text), summarizer)
 
 
-async def _awaited(value: Awaitable[str]) -> str:
-    return await value
+def _asking(summarizer: Summarizer, asynchronous: bool) -> Callable[[list[AnyMessage], int], Any]:
+    """A chat model (any Runnable) as a summariser ``(messages, budget) -> text``: ``ainvoke`` on the
+    async path, ``invoke`` on the sync one; a callable is used as it is."""
+    if not hasattr(summarizer, "invoke"):
+        return summarizer
+
+    def prompt(messages: list[AnyMessage], budget: int) -> list[BaseMessage]:
+        return [HumanMessage(content=summary_prompt(get_buffer_string(messages), budget))]
+
+    if asynchronous:
+
+        async def ask(messages: list[AnyMessage], budget: int) -> str:
+            return _reply_text(await summarizer.ainvoke(prompt(messages, budget)))
+
+        return ask
+    return lambda messages, budget: _reply_text(summarizer.invoke(prompt(messages, budget)))
 
 
-def compacted(messages: list[AnyMessage], out: Outcome) -> list[AnyMessage] | None:
-    """The history after the outcome's replacements (each refers to the history the one before left), or None."""
-    if not out.replacements:
-        return None
-    for rep in out.replacements:
-        messages = messages[: rep.start] + [summary_message(rep.summary, rep.revision)] + messages[rep.end :]
-    return messages
+def _reply_text(reply: Any) -> str:
+    return reply if isinstance(reply, str) else str(reply.text)
 
 
 def _sending(request: ModelRequest, messages: list[AnyMessage], out: Outcome) -> ModelRequest:
-    new = compacted(messages, out)
+    new = compacted(messages, out, _summary)
     return request if new is None else request.override(messages=new)
 
 
 def _answer(response: Any, messages: list[AnyMessage], out: Outcome) -> Any:
-    new = compacted(messages, out)
+    new = compacted(messages, out, _summary)
     return response if new is None else _replacing(response, new)
 
 

@@ -22,7 +22,7 @@ run's own model) and replaced, in the request and in the run's history (``ctx.me
 one ``ModelRequest`` carrying the system prompt parts and the summary, whose
 ``metadata["context_tracker"]["revision"]`` is the history's new revision. On ``wait`` it waits;
 ``ContextLimitError`` propagates to the caller of ``agent.run``. See
-:mod:`tracker.integrations._compaction` for the whole protocol.
+:mod:`tracker.integrations.compaction` for the whole protocol.
 
 As a capability it also closes the loop with the provider (:mod:`tracker.integrations._provider`):
 ``after_model_request`` reports each response's ``RequestUsage`` (``tracker.report_usage``, on the
@@ -33,16 +33,17 @@ them), and ``on_model_request_error`` takes a provider's context-length error
 (``tracker.report_rejection``), the history compacted, and the request attempted once more
 (``RetryModelRequest``; ``prepare_model_request`` sends the compacted history). A second failure
 propagates; a report that fails is logged. A history processor sees no responses: it only observes.
+
+``tracker`` may be sync (``Tracker``, ``TrackerClient``: its calls run in a worker thread) or async
+(``AsyncTrackerClient``: awaited on the run's loop).
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
-import inspect
 import json
 import threading
-from collections.abc import Awaitable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Unpack
 
@@ -64,20 +65,11 @@ from pydantic_ai.messages import (
 )
 
 from tracker.errors import InvalidInput
-from tracker.integrations._compaction import (
-    MARKER,
-    SUMMARY_PREFIX,
-    ContextGuard,
-    GuardOptions,
-    Item,
-    Outcome,
-    Spans,
-    View,
-    marked_revision,
-    summary_prompt,
-)
+from tracker.integrations._adapter import Guarded, compacted
 from tracker.integrations._provider import ModelCall, Usage
-from tracker.protocol import TrackerProtocol
+from tracker.integrations.compaction import GuardOptions, Item, View, drive_async, marked_revision, summary_prompt
+from tracker.integrations.compaction.view import summary_mark, summary_text
+from tracker.protocol import AsyncTrackerProtocol, TrackerProtocol
 
 __all__ = ["ContextTrackerCapability", "message_item", "summary_message", "to_request", "usage_of"]
 
@@ -201,9 +193,7 @@ def to_request(
 
 def summary_message(text: str, revision: int, system_parts: Sequence[SystemPromptPart] = ()) -> ModelRequest:
     """The message a summary becomes: the system prompt parts it displaced, then the summary."""
-    return ModelRequest(
-        parts=[*system_parts, UserPromptPart(SUMMARY_PREFIX + text)], metadata={MARKER: {"revision": revision}}
-    )
+    return ModelRequest(parts=[*system_parts, UserPromptPart(summary_text(text))], metadata=summary_mark(revision))
 
 
 def _transcript(messages: Sequence[ModelMessage]) -> str:
@@ -219,27 +209,26 @@ def _transcript(messages: Sequence[ModelMessage]) -> str:
 # -- the capability / history processor --------------------------------------------------------
 
 
-class ContextTrackerCapability(AbstractCapability[Any]):
+class ContextTrackerCapability(AbstractCapability[Any], Guarded):
     """Observe every model request with the tracker; compact, wait or stop as it decides.
 
-    ``tracker``: an embedded ``Tracker`` or a ``TrackerClient``; ``model``: the tracker's
-    registry name of the agent's model. ``summarizer``: a callable ``(messages, budget_tokens)
-    -> str`` (sync or async) or a pydantic-ai ``Agent``; default the run's own model.
-    ``keep_last``, ``share``, ``count_tokens``, ``wait_timeout_s``, ``models_file``: as for :class:`~tracker.integrations._compaction.ContextGuard`.
+    ``tracker``: an embedded ``Tracker``, a ``TrackerClient`` or an ``AsyncTrackerClient``; ``model``:
+    the tracker's registry name of the agent's model. ``summarizer``: a callable ``(messages,
+    budget_tokens) -> str`` (sync or async) or a pydantic-ai ``Agent``; default the run's own model.
+    ``keep_last``, ``share``, ``count_tokens``, ``wait_timeout_s``, ``models_file``: as for
+    :class:`~tracker.integrations.compaction.ContextGuard`.
     """
 
     def __init__(
         self,
-        tracker: TrackerProtocol,
+        tracker: TrackerProtocol | AsyncTrackerProtocol,
         *,
         model: str,
         summarizer: Any = None,
         session_id: str | None = None,
         **options: Unpack[GuardOptions],
     ) -> None:
-        self.guard = ContextGuard(tracker, model=model, **options)
-        self.summarizer = summarizer
-        self.session_id = session_id
+        self._guarded(tracker, model, summarizer, session_id, options)
         self._steps: dict[tuple[str, int], _Step] = {}
         self._lock = threading.Lock()
 
@@ -254,10 +243,10 @@ class ContextTrackerCapability(AbstractCapability[Any]):
         tools = [*params.function_tools, *params.output_tools]
         messages = list(request_context.messages)
         call = self._call(ctx, messages, instructions, tools, request_context.model)
-        out = await asyncio.to_thread(call.settle)  # the tracker's calls block
+        out = await drive_async(call.effects, call.settle())
         step = _Step(call, messages)
         self._remember(ctx, step)
-        new = compacted(messages, out)
+        new = compacted(messages, out, _summary)
         if new is not None:
             step.sending = new
             request_context.messages = list(new)
@@ -278,14 +267,14 @@ class ContextTrackerCapability(AbstractCapability[Any]):
         if step is None:
             raise error
         try:
-            out = await asyncio.to_thread(step.call.recover, error)
+            out = await drive_async(step.call.effects, step.call.recover(error))
         except BaseException:
             self._steps.pop(key, None)
             raise
         if out is None:
             self._steps.pop(key, None)
             raise error
-        new = compacted(step.messages, out)
+        new = compacted(step.messages, out, _summary)
         step.sending, step.retrying = new, True
         if new is not None:
             ctx.messages[:] = new
@@ -295,14 +284,15 @@ class ContextTrackerCapability(AbstractCapability[Any]):
         """Report the response's usage (``RequestUsage``) on the basis of the request that got it."""
         step = self._steps.pop(_step_key(ctx), None)
         if step is not None:
-            await asyncio.to_thread(step.call.succeeded, response, usage_of)
+            await drive_async(step.call.effects, step.call.succeeded(response, usage_of))
         return response
 
     # -- as a history processor ----------------------------------------------------------------
     async def __call__(self, ctx: RunContext[Any], messages: list[ModelMessage]) -> list[ModelMessage]:
         messages = list(messages)
-        out = await asyncio.to_thread(self._call(ctx, messages, (), (), ctx.model).settle)
-        new = compacted(messages, out)
+        call = self._call(ctx, messages, (), (), ctx.model)
+        out = await drive_async(call.effects, call.settle())
+        new = compacted(messages, out, _summary)
         return messages if new is None else new
 
     # -- work ------------------------------------------------------------------------------
@@ -327,37 +317,30 @@ class ContextTrackerCapability(AbstractCapability[Any]):
         model: Any,
     ) -> ModelCall:
         """The model call: observe (and compact / wait / adopt), report usage, recover from one rejection."""
-        loop = asyncio.get_running_loop()
-        session = self._session(ctx)
         view = view_of(messages, instructions, tools)
-        spans = Spans(self.guard, view, messages, lambda text: ModelRequest(parts=[UserPromptPart(text)]))
 
-        def summarize(start: int, end: int, budget: int) -> str:
-            return self._summarize(spans(start, end), budget, model, loop)
+        def stand_in(text: str) -> ModelMessage:
+            return ModelRequest(parts=[UserPromptPart(text)])
 
-        return ModelCall(self.guard, session, view, summarize)
+        return self._model_call(self._session(ctx), view, messages, stand_in, self._asking(model))
 
-    def _summarize(self, messages: list[ModelMessage], budget: int, model: Any, loop: asyncio.AbstractEventLoop) -> str:
-        """Runs in a worker thread; anything async runs on the agent's own loop, which awaits this thread."""
+    def _asking(self, model: Any) -> Callable[[list[ModelMessage], int], Any]:
+        """The summariser as ``(messages, budget) -> text``: a callable as it is; a pydantic-ai ``Agent``
+        runs the summary prompt; none asks the run's own model (``pydantic_ai.direct.model_request``)."""
         summarizer = self.summarizer
-        prompt = summary_prompt(_transcript(messages), budget)
-        if summarizer is None:
+        if summarizer is not None and not (hasattr(summarizer, "run") and hasattr(summarizer, "run_sync")):
+            return summarizer
+
+        async def ask(messages: list[ModelMessage], budget: int) -> str:
+            prompt = summary_prompt(_transcript(messages), budget)
+            if summarizer is not None:  # a pydantic-ai Agent
+                return str((await summarizer.run(prompt)).output)
             from pydantic_ai.direct import model_request
 
-            reply = asyncio.run_coroutine_threadsafe(
-                model_request(model, [ModelRequest(parts=[UserPromptPart(prompt)])]), loop
-            ).result()
+            reply = await model_request(model, [ModelRequest(parts=[UserPromptPart(prompt)])])
             return "".join(p.content for p in reply.parts if isinstance(p, TextPart))
-        if hasattr(summarizer, "run") and hasattr(summarizer, "run_sync"):  # a pydantic-ai Agent
-            return str(asyncio.run_coroutine_threadsafe(summarizer.run(prompt), loop).result().output)
-        result = summarizer(messages, budget)
-        if inspect.isawaitable(result):
-            return asyncio.run_coroutine_threadsafe(_awaited(result), loop).result()
-        return str(result)
 
-
-async def _awaited(value: Awaitable[str]) -> str:
-    return await value
+        return ask
 
 
 _STEPS_MAX = 4096
@@ -377,19 +360,10 @@ def _step_key(ctx: RunContext[Any]) -> tuple[str, int]:
     return (str(ctx.run_id) if ctx.run_id is not None else f"ctx-{id(ctx)}", ctx.run_step)
 
 
-def compacted(messages: list[ModelMessage], out: Outcome) -> list[ModelMessage] | None:
-    """The history after the outcome's replacements (each refers to the history the one before left), or None."""
-    if not out.replacements:
-        return None
-    for rep in out.replacements:
-        span = messages[rep.start : rep.end]
-        system_parts = [
-            p for m in span if isinstance(m, ModelRequest) for p in m.parts if isinstance(p, SystemPromptPart)
-        ]
-        messages = (
-            messages[: rep.start] + [summary_message(rep.summary, rep.revision, system_parts)] + messages[rep.end :]
-        )
-    return messages
+def _summary(rep: Any, span: list[ModelMessage]) -> ModelMessage:
+    """A replacement's summary message: with the system prompt parts of the span it replaced."""
+    system_parts = [p for m in span if isinstance(m, ModelRequest) for p in m.parts if isinstance(p, SystemPromptPart)]
+    return summary_message(rep.summary, rep.revision, system_parts)
 
 
 def usage_of(response: ModelResponse) -> Usage | None:

@@ -1,6 +1,6 @@
 /**
  * The compaction protocol with the tracker, framework-free: a port of
- * tracker/integrations/_compaction.py (`ContextGuard.before_call`) for the AI SDK middleware.
+ * tracker/integrations/compaction/guard.py (`Guard.steps`) for the AI SDK middleware.
  *
  * 1. observe the complete request with `basis = r<revision>:h<digest>` (digest of the history's
  *    content, see docs/canonical-request.md);

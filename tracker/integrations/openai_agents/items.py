@@ -14,7 +14,7 @@ from typing import Any
 from agents.handoffs import Handoff
 
 from tracker.errors import InvalidInput
-from tracker.integrations._compaction import SUMMARY_PREFIX, Item, View
+from tracker.integrations.compaction import SUMMARY_PREFIX, Item, View
 
 _DROPPED_KEYS = frozenset({"id", "status", "type"})  # bookkeeping of an item, not what the model reads
 
@@ -174,7 +174,7 @@ def to_request(items: Sequence[Any], instructions: str | None = None, tools: Seq
 
 
 def summary_input_item(text: str) -> dict[str, Any]:
-    """The input item a summary becomes (it maps to :func:`~tracker.integrations._compaction.summary_item`)."""
+    """The input item a summary becomes (it maps to :func:`~tracker.integrations.compaction.summary_item`)."""
     return {"role": "user", "content": SUMMARY_PREFIX + text}
 
 
