@@ -30,7 +30,6 @@ import os
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 from tracker import service
@@ -38,7 +37,7 @@ from tracker.calibrations import CalibrationBook
 from tracker.core import SessionProjector
 from tracker.core.policy import Policy
 from tracker.errors import SchemaOutOfDate, StoreUnavailable
-from tracker.settings import CoordinationSettings, Settings, StoreSettings
+from tracker.settings import CoordinationSettings, Settings, StoreSettings, sqlite_path
 
 if TYPE_CHECKING:  # pragma: no cover
     from tracker.coordination import Coordinator
@@ -178,13 +177,6 @@ def build_read_storage(
     ``TRACKER_READ_DATABASE_URL`` is set, else the same as ``build_storage``)."""
     store = build_read_store(settings, projector=projector, check_schema=check_schema, create=create)
     return Storage(store=store, views=build_views(store), fleets=build_fleets(store))
-
-
-def sqlite_path(url: str) -> Path | None:
-    """The file of a ``sqlite:///path`` URL (None for other databases and in-memory SQLite)."""
-    if not url.startswith("sqlite:///") or url in ("sqlite:///", "sqlite:///:memory:"):
-        return None
-    return Path(url[len("sqlite:///") :].split("?", 1)[0])
 
 
 def require_sqlite_file(url: str) -> None:

@@ -39,7 +39,7 @@ db_app = typer.Typer(help="Database schema commands.", no_args_is_help=True)
 @db_app.command("upgrade")
 def db_upgrade(as_json: bool = typer.Option(False, "--json")) -> None:
     """Create or upgrade the database schema to the newest migration."""
-    from tracker.bootstrap import sqlite_path
+    from tracker.settings import sqlite_path
     from tracker.store.migrate import upgrade
 
     url = settings().store.database_url
@@ -60,8 +60,7 @@ def db_upgrade(as_json: bool = typer.Option(False, "--json")) -> None:
 @app.command()
 def info(as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
     """Show the effective settings (secrets masked) and where the database is."""
-    from tracker.bootstrap import sqlite_path
-    from tracker.settings import mask
+    from tracker.settings import mask, sqlite_path
 
     s = settings()
     url = s.store.database_url
@@ -198,7 +197,7 @@ def _demo_table(result: dict[str, Any]) -> None:
         console.print("[bold]Staged on purpose[/] to show those paths (not faults):", soft_wrap=_unwrapped())
         for note in notes:
             console.print(f"  • {plain(note)}", soft_wrap=_unwrapped())
-    from tracker.bootstrap import sqlite_path
+    from tracker.settings import sqlite_path
 
     path = sqlite_path(result["database_url"])
     where = f"the embedded database {path.resolve()}" if path is not None else redact(result["database_url"])
