@@ -55,10 +55,15 @@ def create_app(runtime: Runtime | None = None, settings: Settings | None = None)
     Its parts are built here, once (``tracker.bootstrap.build_app``), and connect to nothing yet,
     so the process starts (and /readyz says why) while the database is down or unmigrated.
     """
-    if runtime is None:
-        runtime = Runtime(settings if settings is not None else Settings.load())
-    json_logs = runtime.settings.telemetry.log_format == "json"
+    if runtime is not None:
+        settings = runtime.settings
+    elif settings is None:
+        settings = Settings.load()
+    json_logs = settings.telemetry.log_format == "json"
+    # first: the Tracker built next attaches the span hooks only when tracing is on
     telemetry.configure("tracker-api", log_format="json" if json_logs else None)  # text: uvicorn's own lines
+    if runtime is None:
+        runtime = Runtime(settings)
     app = FastAPI(
         title="Context Tracker",
         version=_version(),
