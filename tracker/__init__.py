@@ -57,8 +57,8 @@ from tracker.errors import (
 )
 
 if TYPE_CHECKING:  # pragma: no cover
+    from tracker.bootstrap import Tracker
     from tracker.client import AsyncTrackerClient, TrackerClient
-    from tracker.service import Tracker
     from tracker.settings import Settings
 
 try:
@@ -127,8 +127,8 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:  # lazy: `import tracker` never pulls in databases, Redis or HTTP
-    if name == "Tracker":
-        from tracker.service import Tracker
+    if name == "Tracker":  # the service's Tracker with ``from_settings``, defined at the composition root
+        from tracker.bootstrap import Tracker
 
         return Tracker
     if name in ("TrackerClient", "AsyncTrackerClient"):

@@ -15,7 +15,7 @@ coordinator's session lock, on the state read under it: contenders queue up
 states, and only one automatic attempt per basis is ever started.
 
 Cross-cutting concerns are hooks (``tracker.hooks``): the decision metrics and the spans
-subscribe to what is recorded (``Tracker(store, hooks=[...])``; ``from_settings`` attaches
+subscribe to what is recorded (``Tracker(store, hooks=[...])``; ``Tracker.from_settings`` attaches
 the default ones), and none of them can change a decision.
 """
 
@@ -32,7 +32,6 @@ from contextlib import nullcontext
 from typing import Any, TypeVar
 
 from tracker._lru import LRU
-from tracker.bootstrap import build_components, build_hooks
 from tracker.calibrations import CalibrationBook
 from tracker.coordination import Coordinator, LocalCoordinator
 from tracker.core import (
@@ -70,7 +69,6 @@ from tracker.errors import (
 )
 from tracker.hooks import Hooks, TrackerHooks
 from tracker.idempotent import answer_from, recorded_answer, same_request
-from tracker.settings import Settings
 from tracker.store.base import AppendResult, EventStore, NewEvent
 
 log = logging.getLogger("tracker.service")
@@ -105,7 +103,8 @@ def _command(name: str) -> Callable[[F], F]:
 
 
 class Tracker:
-    """The public entry point (the README). Build one per process with ``Tracker.from_settings()``."""
+    """The service: built from its parts (``Tracker(store, policy=..., counting=...)``). The public
+    ``tracker.Tracker`` adds ``from_settings``, wired by the composition root (``tracker.bootstrap``)."""
 
     def __init__(
         self,
@@ -133,32 +132,6 @@ class Tracker:
         #: subscribers of what this Tracker does (metrics, traces): see ``tracker.hooks``
         self.hooks = Hooks(hooks)
         self._phase = self.hooks.phase
-
-    @classmethod
-    def from_settings(cls, settings: Settings | None = None, **overrides: Any) -> Tracker:
-        """A Tracker wired by the composition root from ``settings`` (default: ``Settings.load()``).
-
-        ``counting=``, ``coordinator=`` and ``policy=`` replace one part; ``hooks=`` replaces the
-        default hooks (``build_hooks``: decision metrics, and traces when tracing is on); ``clock=``
-        and ``new_id=`` are passed to the Tracker.
-        """
-        settings = settings if settings is not None else Settings.load()
-        parts = {k: overrides.pop(k) for k in ("counting", "coordinator", "policy") if k in overrides}
-        hooks = overrides.pop("hooks", None)
-        c = build_components(settings, **parts)
-        hooks = build_hooks(settings) if hooks is None else hooks
-        book = CalibrationBook(
-            c.store, enabled=settings.calibration.calibration, refresh_s=settings.calibration.calibration_refresh_s
-        )
-        return cls(
-            c.store,
-            policy=c.policy,
-            counting=c.counting,
-            coordinator=c.coordinator,
-            hooks=hooks,
-            calibrations=book,
-            **overrides,
-        )
 
     def close(self) -> None:
         self.store.close()

@@ -125,6 +125,13 @@ def user_data_dir(env: Mapping[str, str] | None = None, platform: str | None = N
     return base / APP_DIR_NAME
 
 
+def sqlite_path(url: str) -> Path | None:
+    """The file of a ``sqlite:///path`` URL (None for other databases and in-memory SQLite)."""
+    if not url.startswith("sqlite:///") or url in ("sqlite:///", "sqlite:///:memory:"):
+        return None
+    return Path(url[len("sqlite:///") :].split("?", 1)[0])
+
+
 def default_database_url(env: Mapping[str, str] | None = None) -> str:
     """The embedded default: a SQLite file in the per-user data directory (one database per user)."""
     return "sqlite:///" + (user_data_dir(env) / "tracker.db").as_posix()

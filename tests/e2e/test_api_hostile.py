@@ -339,7 +339,7 @@ def embedded_server():
 
 
 def test_wait_without_redis_wakes_on_commit_and_polls_for_outside_writers(embedded_server):
-    from tracker.service import Tracker
+    from tracker import Tracker
     from tracker.settings import Settings
 
     server = embedded_server
@@ -441,8 +441,8 @@ def test_nul_and_control_characters_in_names_and_reasons_name_the_input_field(se
 
 def test_the_library_refuses_control_characters_before_the_store(server):
     """The same refusals hold below HTTP (the service), naming the argument, not ``events[0].data``."""
+    from tracker import Tracker
     from tracker.errors import InvalidInput
-    from tracker.service import Tracker
     from tracker.settings import Settings
 
     with Tracker.from_settings(Settings.of(database_url=server.db_url)) as t:

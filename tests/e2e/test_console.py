@@ -76,7 +76,7 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    from tracker.service import Tracker
+    from tracker import Tracker
     from tracker.settings import Settings
 
     d = tmp_path_factory.mktemp("console")
@@ -411,7 +411,7 @@ def test_the_overview_says_when_the_event_feed_is_held_back(page, browser, serve
     """A transaction left open in another database of the same server holds the event feed back
     (and the calibration table, folded from it): the overview says so above that table, with the
     count of held events for an operator only, and says nothing once it has ended."""
-    from tracker.service import Tracker
+    from tracker import Tracker
     from tracker.settings import Settings
 
     with transaction_open_elsewhere() as end:

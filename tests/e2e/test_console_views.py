@@ -32,10 +32,10 @@ def _m(basis: str, tokens: int) -> dict[str, Any]:
 def console(tmp_path_factory):
     from fastapi.testclient import TestClient
 
+    from tracker import Tracker
     from tracker.bootstrap import build_fleets
     from tracker.errors import ContextLimitError, ContextLimitUnknown
     from tracker.http.app import create_app
-    from tracker.service import Tracker
     from tracker.settings import Settings
     from tracker.store import upgrade
 

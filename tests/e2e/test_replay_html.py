@@ -55,8 +55,8 @@ def _m(basis: str, tokens: int) -> dict[str, Any]:
 
 
 def build_session(url: str) -> None:
+    from tracker import Tracker
     from tracker.errors import ContextLimitError, ContextLimitUnknown
-    from tracker.service import Tracker
     from tracker.settings import Settings
     from tracker.store import upgrade
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.support.measurements import measurement
-from tracker import ContextLimitError, Policy, StaleBasis
+from tracker import ContextLimitError, Policy, StaleBasis, Tracker
 from tracker.core import SessionProjector, fold
 from tracker.core.events import event_from_data
 from tracker.errors import (
@@ -22,7 +22,6 @@ from tracker.errors import (
     WaitTimeout,
 )
 from tracker.hooks import TrackerHooks as TrackerHooksBase
-from tracker.service import Tracker
 from tracker.store import open_store, verify_projections
 from tracker.store.migrate import upgrade
 

@@ -710,8 +710,8 @@ def test_an_http_decision_is_counted_once_on_the_apps_metrics(tmp_path):
 
 
 def test_a_library_tracker_with_the_telemetry_hook_makes_the_command_spans(tmp_path):
+    from tracker import Tracker
     from tracker.errors import NotAttemptHolder
-    from tracker.service import Tracker
     from tracker.store import open_store
     from tracker.telemetry import TelemetryHooks
 

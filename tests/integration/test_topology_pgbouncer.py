@@ -16,9 +16,9 @@ import pytest
 from tests.support.db import PG_ADMIN_URL
 from tests.support.measurements import measurement
 from tests.support.topology import PgBouncer, missing, run_race, scratch_database, terminate_backends
+from tracker import Tracker
 from tracker.core import SessionProjector
 from tracker.errors import StoreError
-from tracker.service import Tracker
 from tracker.settings import Settings, normalize_database_url
 from tracker.store import check_schema, make_engine, open_store, upgrade, verify_projections
 

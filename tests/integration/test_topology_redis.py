@@ -196,7 +196,7 @@ def test_hints_still_arrive_after_the_subscribers_node_is_killed(cluster):
 
 
 def test_a_cluster_that_is_down_degrades_to_uncoordinated_instead_of_crashing(tmp_path):
-    from tracker.service import Tracker
+    from tracker import Tracker
 
     url = f"redis+cluster://127.0.0.1:{free_port()},127.0.0.1:{free_port()}"
     coordinator = coordinator_from_url(url)  # builds nothing yet: a process starts with the cluster down

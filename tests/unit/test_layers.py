@@ -4,11 +4,14 @@ Every import counts — at module level, inside functions, and under ``TYPE_CHEC
 lazy import cannot hide an upward edge. The layers, bottom first (a module may import its
 own layer and the layers below it; sibling packages of one layer may not import each other):
 
-    errors → core → hooks → {settings, _lru, telemetry, metrics} → {store, counting, coordination} → bootstrap
-      → {idempotent, calibrations} → {service, queries, protocol} → audit → {http, client, workers} → {demo, bench} → cli
+    errors → core → hooks → {settings, _lru, telemetry, metrics} → {store, counting, coordination}
+      → {idempotent, calibrations} → {service, queries, protocol} → audit → bootstrap
+      → {http, client, integrations, workers} → {demo, bench} → cli
 
-The CLI is the outermost shell: it dispatches to the HTTP server, the worker, the demo and
-the bench. Besides the layers, the module graph must have no cycle at all.
+The composition root (``bootstrap``) sits above everything it wires (the service, the read
+side, the adapters) and below every entry point that asks it for parts. The CLI is the
+outermost shell: it dispatches to the HTTP server, the worker, the demo and the bench.
+Besides the layers, the module graph must have no cycle at all.
 """
 
 from __future__ import annotations
@@ -26,10 +29,10 @@ LAYERS: list[set[str]] = [
     {"tracker.hooks"},  # the service's hook interface: metrics and telemetry implement it
     {"tracker.settings", "tracker._lru", "tracker.telemetry", "tracker.metrics"},
     {"tracker.store", "tracker.counting", "tracker.coordination"},
-    {"tracker.bootstrap"},
     {"tracker.idempotent", "tracker.calibrations"},  # the service's answers to retries; its calibration ledger
     {"tracker.service", "tracker.queries", "tracker.protocol"},
     {"tracker.audit"},
+    {"tracker.bootstrap"},  # the composition root: wires everything below, asked by everything above
     {"tracker.http", "tracker.client", "tracker.integrations", "workers"},
     {"tracker.demo", "tracker.bench"},
     {"tracker.cli"},
@@ -181,6 +184,11 @@ def test_no_import_cycles():
         ("tracker.errors", "tracker"),  # the root package from inside
         ("tracker.hooks", "tracker.service"),  # the hook interface reaching up to what emits it
         ("tracker.metrics", "tracker.telemetry"),  # one hook implementation into a sibling
+        ("tracker.service", "tracker.bootstrap"),  # the service reaching up to the composition root
+        ("tracker.queries", "tracker.bootstrap"),  # the read side likewise
+        ("tracker.store.sql", "tracker.bootstrap"),  # an adapter asking the root for its parts
+        ("tracker.bootstrap", "tracker.http.app"),  # the root reaching up to an entry point
+        ("tracker.bootstrap", "tracker.cli"),
     ],
 )
 def test_the_contract_catches_an_added_upward_import(src, dst):

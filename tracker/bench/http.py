@@ -2,7 +2,7 @@
 
 Everything runs in the same call against the same scratch database (and Redis): a server
 subprocess (one uvicorn worker), the bare ASGI floor in another, and a ``Tracker`` in this
-process built by ``Tracker.from_settings`` from the same settings the servers read. The
+process built by ``build_tracker`` from the same settings the servers read. The
 measurement is given, so counting is excluded: the figures compare the HTTP layer (parsing,
 auth, JSON, the thread pool, the client) with the service + store + coordination work every
 path shares.
@@ -167,9 +167,8 @@ def run_http_bench(pg_url: str, redis_url: str | None, quick: bool = False, roun
     """
     import httpx
 
-    from tracker.bootstrap import build_storage
+    from tracker.bootstrap import build_storage, build_tracker
     from tracker.client import AsyncTrackerClient, TrackerClient
-    from tracker.service import Tracker
     from tracker.store import upgrade
 
     n = 300 if quick else 1000  # per round
@@ -189,7 +188,7 @@ def run_http_bench(pg_url: str, redis_url: str | None, quick: bool = False, roun
         with (
             _served(settings) as api,
             _served(settings, factory=bare) as floor_port,
-            Tracker.from_settings(settings) as tracker,
+            build_tracker(settings) as tracker,
             TrackerClient(f"http://127.0.0.1:{api.number}", token, timeout=30) as client,
             httpx.Client(base_url=f"http://127.0.0.1:{api.number}", headers=headers, timeout=30) as hx,
         ):

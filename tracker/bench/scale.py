@@ -74,10 +74,10 @@ FROM events e GROUP BY e.session_id
 
 def _seed(db_url: str) -> tuple[str, str, str]:
     """(event type, event data JSON, state JSON) of a real observe on this database."""
-    from tracker.service import Tracker
+    from tracker.bootstrap import build_tracker
     from tracker.settings import Settings
 
-    with Tracker.from_settings(Settings.of(database_url=db_url)) as t:
+    with build_tracker(Settings.of(database_url=db_url)) as t:
         m = {
             "basis": "m1",
             "input_tokens": 81_234,

@@ -8,7 +8,7 @@ COMMIT baseline of the store bench (the cheapest durable write the database can 
 ``observe_vs_raw`` per process count as a ratio within each round. ``wal_bytes_per_observe``:
 the WAL one observe writes (one process, after the rounds), beside the store section's ``wal_bytes``.
 
-Each process builds its ``Tracker`` with ``Tracker.from_settings(Settings.of(...))``, the same
+Each process builds its ``Tracker`` with ``build_tracker(Settings.of(...))``, the same
 composition root every entry point uses.
 """
 
@@ -67,9 +67,9 @@ def observer(t: Tracker, prefix: str) -> Callable[[int], None]:
 def observe_for(settings: Settings, prefix: str, duration: float) -> tuple[int, list[float]]:
     """In a pool process: a ``Tracker`` of ``settings`` observes its sessions named after ``prefix``,
     once each untimed, then from the common start line for ``duration`` s; (observes, latencies)."""
-    from tracker.service import Tracker
+    from tracker.bootstrap import build_tracker
 
-    t = Tracker.from_settings(settings)
+    t = build_tracker(settings)
     latencies: list[float] = []
     try:
         one = observer(t, prefix)
@@ -90,9 +90,9 @@ def _wal_per_observe(settings: Settings, url: str) -> int:
     """Bytes of WAL per observe (one process, its sessions started first): the event and the
     projection row's update with the session's state, in one commit."""
     from tracker.bench.store import wal_per_op
-    from tracker.service import Tracker
+    from tracker.bootstrap import build_tracker
 
-    t = Tracker.from_settings(settings)
+    t = build_tracker(settings)
     try:
         one = observer(t, f"wal-{uuid.uuid4().hex[:6]}")
         return wal_per_op(url, lambda i: one(SESSIONS_PER_PROCESS + i))

@@ -19,7 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tracker.core.model import JSON_SAFE_INT
-from tracker.errors import InvalidInput, SchemaOutOfDate, TrackerError
+from tracker.errors import InvalidInput, TrackerError
 
 if TYPE_CHECKING:  # pragma: no cover
     from tracker.bootstrap import Storage
@@ -66,32 +66,15 @@ def settings() -> Settings:
 # -- the store ---------------------------------------------------------------------------------
 
 
-def sqlite_file(url: str) -> Path | None:
-    """The file of a ``sqlite:///path`` URL (None for other databases and in-memory SQLite)."""
-    if not url.startswith("sqlite:///") or url in ("sqlite:///", "sqlite:///:memory:"):
-        return None
-    return Path(url[len("sqlite:///") :].split("?", 1)[0])
-
-
-def require_database_file(url: str) -> None:
-    """Refuse a SQLite file that does not exist: opening it would create an empty one (or fail on a
-    missing directory with a bare OperationalError)."""
-    path = sqlite_file(url)
-    if path is not None and not path.exists():
-        raise SchemaOutOfDate(f"no database at {path}; run `tracker db upgrade`", database=str(path))
-
-
 def open_storage(as_json: bool = False, *, read: bool = False) -> Storage:
-    """The event store of this process's settings with its views and fleets (one engine), the
-    schema checked (else a clear error and exit 2). ``read``: the read side's (the replica of
+    """The event store of this process's settings with its views and fleets (one engine), from the
+    composition root (``bootstrap.build_reader``): the schema checked, a missing embedded database
+    refused (else a clear error and exit 2). ``read``: the read side's (the replica of
     ``TRACKER_READ_DATABASE_URL`` when set)."""
-    from tracker.bootstrap import build_read_storage, build_storage
-    from tracker.core import SessionProjector
+    from tracker.bootstrap import build_reader
 
-    s = settings()
     try:
-        require_database_file((s.store.read_database_url if read else None) or s.store.database_url)
-        return (build_read_storage if read else build_storage)(s.store, projector=SessionProjector())
+        return build_reader(settings(), read=read)
     except TrackerError as exc:
         fail(exc, as_json)
 

@@ -28,7 +28,6 @@ from tracker.cli._common import (
     print_table,
     redact,
     settings,
-    sqlite_file,
     styled,
 )
 from tracker.errors import TrackerError
@@ -40,10 +39,11 @@ db_app = typer.Typer(help="Database schema commands.", no_args_is_help=True)
 @db_app.command("upgrade")
 def db_upgrade(as_json: bool = typer.Option(False, "--json")) -> None:
     """Create or upgrade the database schema to the newest migration."""
+    from tracker.settings import sqlite_path
     from tracker.store.migrate import upgrade
 
     url = settings().store.database_url
-    path = sqlite_file(url)
+    path = sqlite_path(url)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)  # e.g. the embedded default .tracker/tracker.db
     try:
@@ -60,11 +60,11 @@ def db_upgrade(as_json: bool = typer.Option(False, "--json")) -> None:
 @app.command()
 def info(as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
     """Show the effective settings (secrets masked) and where the database is."""
-    from tracker.settings import mask
+    from tracker.settings import mask, sqlite_path
 
     s = settings()
     url = s.store.database_url
-    path = sqlite_file(url)
+    path = sqlite_path(url)
     data = {
         "version": package_version(),
         "database": {
@@ -197,7 +197,9 @@ def _demo_table(result: dict[str, Any]) -> None:
         console.print("[bold]Staged on purpose[/] to show those paths (not faults):", soft_wrap=_unwrapped())
         for note in notes:
             console.print(f"  • {plain(note)}", soft_wrap=_unwrapped())
-    path = sqlite_file(result["database_url"])
+    from tracker.settings import sqlite_path
+
+    path = sqlite_path(result["database_url"])
     where = f"the embedded database {path.resolve()}" if path is not None else redact(result["database_url"])
     console.print(f"Recorded in {plain(where)} (`tracker info` shows the settings). Try next:", soft_wrap=True)
     first = result["sessions"][0]["session_id"]

@@ -52,21 +52,21 @@ KEY = typer.Option(
 
 
 def _report(session_id: str, fleet: str | None, as_json: bool, write: Callable[[Tracker, str], Report]) -> None:
-    """``write(tracker, stored_id)`` on the session (``--fleet``: the fleet's), the report printed."""
-    from tracker.bootstrap import build_fleets
-    from tracker.service import Tracker
+    """``write(tracker, stored_id)`` on the session (``--fleet``: the fleet's), the report printed.
+    The Tracker is the composition root's writer: a report counts nothing, so none is built to count."""
+    from tracker.bootstrap import build_writer
 
     try:
-        tracker = Tracker.from_settings(settings())  # checks the schema
+        writer = build_writer(settings())  # checks the schema
     except TrackerError as exc:
         fail(exc, as_json)
     try:
-        scope = _scope(build_fleets(tracker.store), fleet, as_json) if fleet is not None else SessionScope()
-        report = write(tracker, scope.internal(session_id))
+        scope = _scope(writer.fleets, fleet, as_json) if fleet is not None else SessionScope()
+        report = write(writer.tracker, scope.internal(session_id))
     except TrackerError as exc:
         fail(exc, as_json)
     finally:
-        tracker.close()
+        writer.close()
     if as_json:
         print(json.dumps({**report.to_data(), "session_id": session_id}))
         return

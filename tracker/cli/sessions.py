@@ -110,7 +110,7 @@ def observe(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Record one measurement of a session and print the decision."""
-    from tracker.service import Tracker
+    from tracker.bootstrap import build_tracker
 
     if request_file is not None:
         try:
@@ -121,7 +121,7 @@ def observe(
             fail(invalid("request", f"{request_file} nests too deeply to read"), as_json)
     s = settings()
     try:
-        tracker = Tracker.from_settings(s)  # checks the schema; creates the embedded default on first use
+        tracker = build_tracker(s)  # checks the schema; creates the embedded default on first use
     except TrackerError as exc:
         fail(exc, as_json)
     try:

@@ -18,12 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tracker.bootstrap import build_store
+from tracker.bootstrap import build_store, build_tracker
 from tracker.core import Basis, SessionProjector
 from tracker.demo.agent import Agent
 from tracker.errors import ContextLimitError, CountError
 from tracker.queries import session_state
-from tracker.service import Tracker
 from tracker.settings import Settings
 from tracker.store.migrate import upgrade
 
@@ -113,7 +112,7 @@ def _compact(tracker: Any, agent: Any, plan: Plan, attempt: Any, revision: int) 
 
 def _worker(plans: list[Plan], settings: Settings, progress: Any) -> list[dict[str, Any]]:
     out = []
-    with Tracker.from_settings(settings) as tracker:
+    with build_tracker(settings) as tracker:
         for plan in plans:
             out.append(_run_session(tracker, plan, progress))
     return out

@@ -18,5 +18,6 @@ answers 404 whether or not another fleet has one.
     schemas.py     request models, response views of the core's dataclasses, wire limits
     errors.py      ERROR_STATUS (the one status table), the error body, exception handlers
     middleware.py  body limit, authentication, request metrics
-    runtime.py     Runtime (settings, the Tracker, fleets, readiness), Metrics, Caller
+    runtime.py     Runtime (the parts bootstrap.build_app built, readiness), Commands, Caller
+    metrics.py     the Prometheus registry: request metrics, fleet and replica gauges read at scrape time
 """

@@ -14,9 +14,10 @@ from tracker import telemetry
 from tracker.errors import TrackerError
 from tracker.http.console import router as console_router
 from tracker.http.errors import EXCEPTION_HANDLERS
+from tracker.http.metrics import MULTIPROC_ENV
 from tracker.http.middleware import ApiMiddleware
 from tracker.http.routes import ROUTERS, hot_routes
-from tracker.http.runtime import MULTIPROC_ENV, Runtime
+from tracker.http.runtime import Runtime
 from tracker.settings import Settings
 
 log = logging.getLogger("tracker.http")
@@ -33,7 +34,7 @@ def _version() -> str:
 
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-    """Size the request thread pool, connect (and check the schema) if we can; close at shutdown."""
+    """Size the request thread pool, check the database (connect, schema) if we can; close at shutdown."""
     import anyio.to_thread
 
     runtime: Runtime = app.state.runtime
@@ -51,13 +52,18 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
 def create_app(runtime: Runtime | None = None, settings: Settings | None = None) -> FastAPI:
     """The ASGI app on ``runtime`` (default: a new one on ``settings``, default ``Settings.load()``).
 
-    Nothing is connected here: the Tracker is built on first need, so the process starts
-    (and /readyz says why) while the database is down or unmigrated.
+    Its parts are built here, once (``tracker.bootstrap.build_app``), and connect to nothing yet,
+    so the process starts (and /readyz says why) while the database is down or unmigrated.
     """
-    if runtime is None:
-        runtime = Runtime(settings if settings is not None else Settings.load())
-    json_logs = runtime.settings.telemetry.log_format == "json"
+    if runtime is not None:
+        settings = runtime.settings
+    elif settings is None:
+        settings = Settings.load()
+    json_logs = settings.telemetry.log_format == "json"
+    # first: the Tracker built next attaches the span hooks only when tracing is on
     telemetry.configure("tracker-api", log_format="json" if json_logs else None)  # text: uvicorn's own lines
+    if runtime is None:
+        runtime = Runtime(settings)
     app = FastAPI(
         title="Context Tracker",
         version=_version(),

@@ -24,7 +24,8 @@ from tracker.http.errors import error_response
 from tracker.http.schemas import API_PREFIX
 
 if TYPE_CHECKING:  # pragma: no cover
-    from tracker.http.runtime import Metrics, Runtime
+    from tracker.http.metrics import Metrics
+    from tracker.http.runtime import Runtime
 
 #: the request methods metrics and spans name; any other method string is ``other`` (labels come from a closed set)
 KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})

@@ -35,7 +35,7 @@ class Waits:
     """The open waits of one server process (used on its event loop only)."""
 
     def __init__(self, tracker: Callable[[], Any], cap: int, gauge: Any = None) -> None:
-        self._tracker = tracker  # the process's Tracker, built on first need (``Runtime.tracker``)
+        self._tracker = tracker  # the process's Tracker, once its database has answered (``Runtime.tracker``)
         self._cap = cap
         self._gauge = gauge
         self._per_fleet: dict[str, int] = {}
