@@ -79,8 +79,8 @@ def test_an_estimate_is_decided_on_its_calibrated_count_and_the_event_records_bo
     assert d.calibration == FACTOR.to_data()
     measured = c.events[-1]
     assert isinstance(measured, ev.ContextMeasured)
-    assert measured.measurement["input_tokens"] == 100_000 and measured.input_tokens == 75_000
-    assert Calibration.from_data(measured.calibration) == FACTOR
+    assert measured.measurement.input_tokens == 100_000 and measured.input_tokens == 75_000
+    assert measured.calibration == FACTOR == Calibration.from_data(measured.to_data()["calibration"])
     assert c.state.last is not None and c.state.last.input_tokens == 75_000
 
 

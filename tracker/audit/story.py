@@ -19,17 +19,9 @@ import heapq
 from collections.abc import Iterable
 from typing import Any
 
-from tracker.audit.builder import (
-    COUNT_KEYS,
-    MAX_MEASURED_ROWS,
-    MAX_POINTS,
-    Limit,
-    Story,
-    StoryBuilder,
-    build_story,
-    revision_of,
-)
+from tracker.audit.builder import MAX_MEASURED_ROWS, MAX_POINTS, StoryBuilder, build_story
 from tracker.audit.format import summary
+from tracker.audit.model import COUNT_KEYS, Limit, Story, revision_of
 from tracker.core import Policy, SessionState, fold
 from tracker.core import events as ev
 from tracker.core.decide import Eligibility, eligibility

@@ -52,13 +52,14 @@ class Decision:
         basis: Basis | None = None,
     ) -> Decision:
         """The decision a recorded ``ContextMeasured`` stands for (``basis``: its measurement's, when known)."""
-        b = basis if basis is not None else Basis.parse(e.measurement["basis"], 1)
+        b = basis if basis is not None else e.measurement.basis
         recorded = e.__dict__
         values = {name: recorded[name] for name in _RECORDED}
         values["basis"], values["revision"] = str(b), b.revision
         values["attempt"], values["waiting_on"] = attempt, waiting_on
         values["input_tokens"], values["input_limit"] = e.decided_tokens, e.decided_limit
-        values["counted_tokens"] = e.measurement["input_tokens"]
+        values["counted_tokens"] = e.measurement.input_tokens
+        values["calibration"] = None if e.calibration is None else e.calibration.to_data()
         return built(cls, values)
 
     @classmethod
