@@ -33,11 +33,11 @@ from tracker.core import (
     decide_manual,
     decide_measure,
     decide_reject,
-    event_from_data,
     fold,
     levels,
     resolve_threshold,
 )
+from tracker.core.events import event_from_data  # the core's own decoding (the projector's)
 from tracker.core.model import ceil_div
 from tracker.errors import InvalidInput, TrackerError
 
@@ -361,6 +361,7 @@ def test_events_and_states_round_trip_through_data(policy, ops):
         data = json.loads(json.dumps(e.to_data()))
         assert data["v"] == e.SCHEMA
         assert event_from_data(e.TYPE, data) == e
+        assert event_from_data(e.TYPE, data).to_data() == data  # the value types give back the stored data
         data["from_a_newer_writer"] = 1  # unknown fields are ignored
         assert event_from_data(e.TYPE, data) == e
     for _, s in r.kept:
