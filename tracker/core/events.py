@@ -107,12 +107,32 @@ class SessionStarted(DomainEvent):
     at: float = 0.0
 
 
+@dataclass(frozen=True)
+class Verdict:
+    """What one measurement decided and on what levels: ``ContextMeasured`` records these fields and
+    the ``observe`` answer (:class:`tracker.core.outcome.Decision`) carries them (as ``AttemptTerms``
+    serves ``CompactionStarted`` and the state's open attempt)."""
+
+    action: Action
+    pressure: Pressure
+    pressure_before: Pressure
+    occupancy_bp: int
+    threshold_bp: int
+    threshold_source: str
+    compact_level: int
+    rearm_level: int
+    hard_level: int
+    growth_fired: bool
+    trigger: Trigger | None  # threshold | hard_limit | growth (action compact), else None
+
+
 def upcast_v1_v2(data: dict[str, Any]) -> dict[str, Any]:
     """A ``ContextMeasured`` recorded before calibration (schema 1) as schema 2: it decided on the
     counter's raw count against the measurement's limit, uncalibrated, with no rejection known."""
     m = data.get("measurement")
     m = m if isinstance(m, dict) else {}
     return {
+        "trigger": None,  # written only when set by the first writers
         **data,
         "input_tokens": m.get("input_tokens"),
         "input_limit": m.get("input_limit"),
@@ -123,7 +143,7 @@ def upcast_v1_v2(data: dict[str, Any]) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
-class ContextMeasured(DomainEvent):
+class ContextMeasured(DomainEvent, Verdict):
     TYPE: ClassVar[str] = "ContextMeasured"
     SCHEMA: ClassVar[int] = 2  # 2: input_tokens, input_limit, calibration, rejected (upcast_v1_v2)
     VALUES: ClassVar[dict[str, Callable[[Any], Any]]] = {
@@ -132,17 +152,6 @@ class ContextMeasured(DomainEvent):
     }
     UPCASTERS: ClassVar[dict[int, Upcaster]] = {1: upcast_v1_v2}
     measurement: Measurement
-    occupancy_bp: int
-    pressure_before: Pressure
-    pressure: Pressure
-    threshold_bp: int
-    threshold_source: str
-    compact_level: int
-    rearm_level: int
-    hard_level: int
-    growth_fired: bool
-    action: Action
-    trigger: Trigger | None = None
     at: float = 0.0
     # the per-request inputs as given (compaction_threshold, scope, scope_confidence, overhead_tokens),
     # kept so replay and what-if can re-decide exactly

@@ -12,26 +12,16 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from tracker.core import events as ev
-from tracker.core.model import Action, Basis, Pressure, Trigger, built
+from tracker.core.model import Basis, built
 from tracker.core.state import Attempt, SessionState, fold
 from tracker.errors import ContextLimitError, StaleBasis, SummaryTooLarge, TrackerError
 
 
 @dataclass(frozen=True)
-class Decision:
-    """What one measurement decided: the answer to ``observe``, and what its ``ContextMeasured`` records."""
+class Decision(ev.Verdict):
+    """What one measurement decided: the answer to ``observe``, and what its ``ContextMeasured`` records
+    (the :class:`~tracker.core.events.Verdict` fields, then the basis and the counts)."""
 
-    action: Action
-    pressure: Pressure
-    pressure_before: Pressure
-    occupancy_bp: int
-    threshold_bp: int
-    threshold_source: str
-    compact_level: int
-    rearm_level: int
-    hard_level: int
-    growth_fired: bool
-    trigger: Trigger | None
     basis: str
     revision: int
     attempt: Attempt | None = None  # the attempt opened for this caller (action == compact)
