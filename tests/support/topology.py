@@ -689,7 +689,7 @@ def check_log(db_url: str, session_id: str, results: list[dict]) -> dict:
         assert fold(events, session_id) == state
         assert verify_projections(store, SessionProjector()) == [], "projection differs from the fold"
 
-        measured = {e.measurement["basis"] for e in events if isinstance(e, ContextMeasured)}
+        measured = {str(e.measurement.basis) for e in events if isinstance(e, ContextMeasured)}
         started = {e.attempt_id for e in events if isinstance(e, CompactionStarted)}
         committed = {e.attempt_id for e in events if isinstance(e, CompactionCommitted)}
         rejected = {e.attempt_id for e in events if isinstance(e, CompactionRejected)}

@@ -22,7 +22,7 @@ from dataclasses import MISSING, dataclass, fields
 from typing import Any, ClassVar
 
 from tracker.core.calibration import Calibration
-from tracker.core.model import Action, Measurement, Pressure, Trigger, built
+from tracker.core.model import Action, Measurement, Pressure, Trigger, built, recorded_measurement
 from tracker.core.policy import Policy
 from tracker.errors import InvalidInput, TrackerError
 
@@ -147,7 +147,7 @@ class ContextMeasured(DomainEvent, Verdict):
     TYPE: ClassVar[str] = "ContextMeasured"
     SCHEMA: ClassVar[int] = 2  # 2: input_tokens, input_limit, calibration, rejected (upcast_v1_v2)
     VALUES: ClassVar[dict[str, Callable[[Any], Any]]] = {
-        "measurement": Measurement.from_data,
+        "measurement": recorded_measurement,
         "calibration": Calibration.from_data,
     }
     UPCASTERS: ClassVar[dict[int, Upcaster]] = {1: upcast_v1_v2}

@@ -253,6 +253,31 @@ class Measurement:
         )
 
 
+def recorded_measurement(data: Any) -> Measurement:
+    """A recorded measurement (a stored event's ``measurement``): as ``Measurement.to_data`` wrote
+    it, built without checking its values again (they were checked when it was recorded; every read
+    of the log decodes each measurement through here); any other shape (the first writers' rows, a
+    hand-made one) goes through ``Measurement.from_data``, which checks everything."""
+    try:
+        m = _EXPLICIT_BASIS.match(data["basis"])
+        model = data["model"]
+        if m is not None and type(model) is dict and len(data) == 6 and len(model) == 2:
+            return built(
+                Measurement,
+                {
+                    "basis": built(Basis, {"revision": int(m.group(1)), "through": m.group(2)}),
+                    "model": built(ModelRef, {"provider": model["provider"], "name": model["name"]}),
+                    "fingerprint": data["fingerprint"],
+                    "input_tokens": data["input_tokens"],
+                    "input_limit": data["input_limit"],
+                    "quality": data["quality"],
+                },
+            )
+    except (KeyError, TypeError):
+        pass
+    return Measurement.from_data(data)
+
+
 def validate_measurement_fields(input_tokens: Any, input_limit: Any, quality: Any, fingerprint: Any) -> None:
     if not is_int(input_tokens) or input_tokens < 0:
         raise MalformedMeasurement(f"must be an integer >= 0, got {input_tokens!r}", field="input_tokens")
