@@ -39,7 +39,7 @@ from tracker.core import PRESSURES, SessionProjector, SessionState
 from tracker.core.model import SessionScope
 from tracker.errors import InvalidInput, UnknownSession
 from tracker.store import StoredEvent, verify_decisions, verify_projections
-from tracker.store.base import SessionViews
+from tracker.store.base import EventStore, SessionViews
 from tracker.store.decoding import Recorded, Unrecognised, decode, decode_all, event_of, events_of, type_names
 
 UNSCOPED = SessionScope()  # every session, under its stored id (the library, a local operator)
@@ -79,12 +79,12 @@ class Page(tuple):
         return page
 
 
-def session_exists(store: Any, session_id: str, *, scope: SessionScope = UNSCOPED) -> bool:
+def session_exists(store: EventStore, session_id: str, *, scope: SessionScope = UNSCOPED) -> bool:
     """Whether the scope's session ``session_id`` has any event (a malformed id raises ``InvalidInput``)."""
     return store.stream_version(scope.internal(session_id)) > 0
 
 
-def require_session(store: Any, session_id: str, *, scope: SessionScope = UNSCOPED) -> int:
+def require_session(store: EventStore, session_id: str, *, scope: SessionScope = UNSCOPED) -> int:
     """The current version of the scope's session ``session_id``; ``UnknownSession`` (naming the id
     as given) if it has no events."""
     version = store.stream_version(scope.internal(session_id))
@@ -93,7 +93,7 @@ def require_session(store: Any, session_id: str, *, scope: SessionScope = UNSCOP
     return version
 
 
-def session_state(store: Any, session_id: str, *, scope: SessionScope = UNSCOPED) -> SessionState:
+def session_state(store: EventStore, session_id: str, *, scope: SessionScope = UNSCOPED) -> SessionState:
     """The projected state of the scope's session ``session_id`` (version 0 for an unknown session;
     its ``session_id`` is the stored one)."""
     sid = scope.internal(session_id)
@@ -102,7 +102,7 @@ def session_state(store: Any, session_id: str, *, scope: SessionScope = UNSCOPED
 
 
 def read_history(
-    store: Any,
+    store: EventStore,
     session_id: str,
     from_version: int = 1,
     to_version: int | None = None,
@@ -115,7 +115,7 @@ def read_history(
 
 
 def history_page(
-    store: Any, session_id: str, from_version: int = 1, limit: int = 100, *, scope: SessionScope = UNSCOPED
+    store: EventStore, session_id: str, from_version: int = 1, limit: int = 100, *, scope: SessionScope = UNSCOPED
 ) -> Page:
     """At most ``limit`` events of the scope's session ``session_id`` from ``from_version``:
     ``(events, next_from_version | None)``.
@@ -137,7 +137,7 @@ def history_page(
     )
 
 
-def feed_page(store: Any, after: int = 0, limit: int = 100, *, scope: SessionScope = UNSCOPED) -> Page:
+def feed_page(store: EventStore, after: int = 0, limit: int = 100, *, scope: SessionScope = UNSCOPED) -> Page:
     """At most ``limit`` events of the scope's sessions in global commit order after position
     ``after``: ``(events, next_after)``. A reader resuming at ``next_after`` never misses an event
     that commits later with a lower position.
@@ -151,7 +151,7 @@ def feed_page(store: Any, after: int = 0, limit: int = 100, *, scope: SessionSco
 
 
 def export_events(
-    store: Any, since: int = 0, limit: int = 0, *, scope: SessionScope = UNSCOPED
+    store: EventStore, since: int = 0, limit: int = 0, *, scope: SessionScope = UNSCOPED
 ) -> Iterator[dict[str, Any]]:
     """Every event of the scope's sessions after position ``since`` in global commit order, as dicts
     (``limit`` 0: all)."""
@@ -323,7 +323,7 @@ def sessions_page(
     return SessionsPage(out, encode_cursor(last["updated_at"], scope.external(last["session_id"])))
 
 
-def verify(store: Any) -> dict[str, Any]:
+def verify(store: EventStore) -> dict[str, Any]:
     """Re-fold every session from the log and compare with the stored projection.
 
     ``{"ok": bool, "sessions": n, "differences": [...]}``; ``ok`` is true when every projection

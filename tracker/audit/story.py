@@ -26,7 +26,7 @@ from tracker.core import Policy, SessionState, fold
 from tracker.core import events as ev
 from tracker.core.decide import Eligibility, eligibility
 from tracker.queries import Unrecognised, decode, decode_all, type_names
-from tracker.store.base import SessionViews
+from tracker.store.base import EventStore, SessionViews
 
 __all__ = [
     "MAX_POINTS",  # the chart's cap, with the story's other names (tracker.audit.builder)
@@ -60,7 +60,7 @@ PEAK_POINTS = 1000  # ... plus at most this many of those that opened an attempt
 
 
 def read_story(
-    store: Any,
+    store: EventStore,
     session_id: str,
     *,
     views: SessionViews,
@@ -147,7 +147,7 @@ def read_story(
     return story
 
 
-def _state_at(store: Any, session_id: str, projection: dict[str, Any], version: int) -> SessionState | None:
+def _state_at(store: EventStore, session_id: str, projection: dict[str, Any], version: int) -> SessionState | None:
     """The core's state of the session at ``version``: its projection when that is the current version,
     else the fold of its log up to there through the core (rare: one event after a limit)."""
     if projection.get("version") == version:
