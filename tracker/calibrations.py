@@ -19,10 +19,11 @@ from collections.abc import Callable, Iterator
 
 from tracker._lru import LRU
 from tracker.core.calibration import Calibration
-from tracker.core.events import PROVIDER_REPORTS, DomainEvent, event_from_data
+from tracker.core.events import PROVIDER_REPORTS, DomainEvent
 from tracker.core.ledger import CalibrationLedger, ModelSummary
 from tracker.core.model import SessionScope
 from tracker.store.base import EventStore, StoredEvent
+from tracker.store.decoding import event_of
 
 __all__ = ["CalibrationBook", "ledger_of", "provider_reports"]
 
@@ -32,18 +33,21 @@ BATCH = 1000
 FOLDED_KEPT = 100_000
 
 
-def ledger_of(store: EventStore, *, fleet_prefix: str | None = None) -> CalibrationLedger:
-    """The ledger folded from the whole log (``tracker calibration``; ``fleet_prefix``: one fleet's sessions)."""
+def ledger_of(store: EventStore, *, scope: SessionScope = SessionScope()) -> CalibrationLedger:
+    """The ledger folded from the whole log (``tracker calibration``) of the scope's sessions (by
+    default every fleet's)."""
     ledger = CalibrationLedger()
-    _catch_up(store, ledger, 0, fleet_prefix)
+    _catch_up(store, ledger, 0, scope.stored_prefix())
     return ledger
 
 
-def provider_reports(store: EventStore, *, fleet_prefix: str | None = None) -> Iterator[StoredEvent]:
-    """The log's provider reports in global order, read in batches (the what-if's ``reports``)."""
+def provider_reports(store: EventStore, *, scope: SessionScope = SessionScope()) -> Iterator[StoredEvent]:
+    """The provider reports of the scope's sessions in global order, read in batches (the what-if's
+    ``reports``)."""
     position = 0
+    prefix = scope.stored_prefix()
     while True:
-        batch = store.read_all(position, BATCH, session_prefix=fleet_prefix, types=PROVIDER_REPORTS)
+        batch = store.read_all(position, BATCH, session_prefix=prefix, types=PROVIDER_REPORTS)
         yield from batch
         if len(batch) < BATCH:
             return
@@ -65,7 +69,7 @@ def _catch_up(
                 if folded.get(key):  # folded already, when this process recorded it
                     continue
                 folded.put(key, True)
-            ledger.fold(SessionScope.fleet_of(e.session_id), event_from_data(e.type, e.data))
+            ledger.fold(SessionScope.fleet_of(e.session_id), event_of(e))
         if batch:
             position = batch[-1].position
         if len(batch) < BATCH:

@@ -11,13 +11,14 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from tracker.core import Basis, Measurement, Outcome, SessionState, event_from_data
+from tracker.core import Basis, Measurement, Outcome, SessionState
 from tracker.core.events import ContextMeasured
 from tracker.core.recorded import recorded_outcome, succeeded
 from tracker.core.state import fold
 from tracker.counting.request import CanonicalRequest
 from tracker.errors import InvalidInput, TrackerError
 from tracker.store.base import EventStore
+from tracker.store.decoding import events_of
 
 
 def recorded_answer(
@@ -39,14 +40,8 @@ def answer_from(
     store: EventStore, session_id: str, result: Any, op: str, decide: Callable[[SessionState], Outcome] | None
 ) -> Outcome:
     """An idempotent retry: the original outcome, rebuilt from the events it recorded."""
-    before = fold(
-        (event_from_data(e.type, e.data) for e in store.read_stream(session_id, 1, result.first_version - 1)),
-        session_id,
-    )
-    events = [
-        event_from_data(e.type, e.data)
-        for e in store.read_stream(session_id, result.first_version, result.last_version)
-    ]
+    before = fold(events_of(store.read_stream(session_id, 1, result.first_version - 1)), session_id)
+    events = list(events_of(store.read_stream(session_id, result.first_version, result.last_version)))
     out = recorded_outcome(before, events, op)
     if out.error is None and not succeeded(op, events) and decide is not None:
         # The original call was refused after recording only side effects (an expired lease):
@@ -77,21 +72,25 @@ def same_request(
     if measured is None:
         return  # a refused or failed count: nothing to compare with
     recorded = measured.measurement
-    revision = Basis.parse(recorded["basis"], 1).revision
+    revision = recorded.basis.revision
     if measurement is not None:
         m = measurement if isinstance(measurement, Measurement) else Measurement.from_data(measurement, 1)
         raw_basis = measurement.basis if isinstance(measurement, Measurement) else measurement["basis"]
         given: tuple[Any, ...] = (m.input_tokens, m.input_limit, m.fingerprint, m.quality, m.model.to_data())
-        was: tuple[Any, ...] = tuple(
-            recorded.get(k) for k in ("input_tokens", "input_limit", "fingerprint", "quality", "model")
+        was: tuple[Any, ...] = (
+            recorded.input_tokens,
+            recorded.input_limit,
+            recorded.fingerprint,
+            recorded.quality,
+            recorded.model.to_data(),
         )
     else:
         raw_basis = basis
-        given, was = (CanonicalRequest.from_dict(request).fingerprint,), (recorded["fingerprint"],)
+        given, was = (CanonicalRequest.from_dict(request).fingerprint,), (recorded.fingerprint,)
     inputs = dict(compaction_threshold=threshold, scope=scope, scope_confidence=confidence, overhead_tokens=overhead)
     same = (
         given == was
-        and str(Basis.parse(raw_basis, revision)) == recorded["basis"]
+        and Basis.parse(raw_basis, revision) == recorded.basis
         and {k: v for k, v in inputs.items() if v is not None} == (measured.inputs or {})
     )
     if not same:

@@ -11,13 +11,16 @@ form (:func:`event_to_dict`) and a page of history or of the global feed is cut 
 Pages unpack as pairs; ``page.has_more`` says whether more events follow and
 ``page.resume`` is where the next page starts (never ``None``).
 
-``external`` (on the functions that show session ids) maps a stored session id to the one
-the reader knows: the HTTP API keeps each fleet's sessions under a prefix it hides.
+``scope`` (a :class:`~tracker.core.model.SessionScope`, on every function that takes or shows
+session ids) is whose sessions the reader sees: ids are given and shown as the reader knows them,
+and the scope alone turns them into stored ids and back (the HTTP API keeps each fleet's sessions
+under a prefix it hides). The default, unscoped, sees every session under its stored id.
 
-:func:`decode` is the read side's one decoder: a stored row as the core's typed event
-(``tracker.core.events``; the only list of event types is the core's ``EVENT_TYPES``), so
-readers (the session page, the summaries, replay, the console) match on event classes and read
-attributes instead of ``data`` keys::
+:func:`decode` (from ``tracker.store.decoding``, where the calibration ledger, the idempotent
+answers and ``verify`` below the read side use it too) is the one decoder: a stored row as the
+core's typed event (``tracker.core.events``; the only list of event types is the core's
+``EVENT_TYPES``), so readers (the session page, the summaries, replay, the console) match on
+event classes and read attributes instead of ``data`` keys::
 
     match decode(stored).event:
         case CompactionRejected(reject_reason=why): ...
@@ -28,90 +31,27 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from datetime import datetime
-from typing import Any, NamedTuple, TypedDict, Unpack
+from typing import Any, TypedDict, Unpack
 
-from tracker.core import EVENT_TYPES, PRESSURES, DomainEvent, SessionProjector, SessionState, check_session_id
-from tracker.core.model import FLEET_ID_LEN
+from tracker.core import PRESSURES, SessionProjector, SessionState
+from tracker.core.model import SessionScope
 from tracker.errors import InvalidInput, UnknownSession
 from tracker.store import StoredEvent, verify_decisions, verify_projections
-from tracker.store.base import SessionViews
+from tracker.store.base import EventStore, SessionViews
+from tracker.store.decoding import Recorded, Unrecognised, decode, decode_all, event_of, events_of, type_names
 
-External = Callable[[str], str]
+UNSCOPED = SessionScope()  # every session, under its stored id (the library, a local operator)
 
 EXPORT_BATCH = 1000
 
 
-# -- the decoder: stored rows -> the core's typed events ------------------------------------------
-
-
-@dataclass(frozen=True)
-class Unrecognised:
-    """A stored event that is none of the core's events (another writer's type, or data its class
-    cannot be built from): the read side shows it as it is and folds nothing from it."""
-
-    type: str
-    data: dict[str, Any]
-    problem: str
-
-
-class Recorded(NamedTuple):
-    """One stored event, decoded: the core's typed event (``event``) and where the log keeps it.
-
-    Readers match on the event's class and read its attributes::
-
-        match decode(stored).event:
-            case CompactionCommitted(tokens_after=after): ...
-    """
-
-    event: DomainEvent | Unrecognised
-    version: int
-    recorded_at: datetime
-    position: int
-    session_id: str
-    idempotency_key: str | None
-
-    @property
-    def type(self) -> str:
-        """The name the log stores (the class's ``TYPE``)."""
-        e = self.event
-        return e.type if isinstance(e, Unrecognised) else e.TYPE
-
-
-def decode(stored: StoredEvent) -> Recorded:
-    """The one decoder of the read side: a stored row as the core's event class (upcast by
-    ``DomainEvent.from_data``); a row of any other type, or one its class refuses, as ``Unrecognised``."""
-    cls = EVENT_TYPES.get(stored.type)
-    event: DomainEvent | Unrecognised
-    if cls is None:
-        event = Unrecognised(stored.type, stored.data, f"unknown event type {stored.type!r}")
-    else:
-        try:
-            event = cls.from_data(stored.data)
-        except (InvalidInput, TypeError) as exc:
-            event = Unrecognised(stored.type, stored.data, str(exc))
-    return Recorded(
-        event, stored.version, stored.recorded_at, stored.position, stored.session_id, stored.idempotency_key
-    )
-
-
-def decode_all(stored: Iterable[StoredEvent]) -> Iterator[Recorded]:
-    """:func:`decode` over a stream (lazily: constant memory on very long sessions)."""
-    return map(decode, stored)
-
-
-def type_names(*classes: type[DomainEvent]) -> tuple[str, ...]:
-    """The stored type names of event classes (for the store's by-type reads)."""
-    return tuple(cls.TYPE for cls in classes)
-
-
-def event_to_dict(event: StoredEvent, *, external: External | None = None) -> dict[str, Any]:
+def event_to_dict(event: StoredEvent, *, scope: SessionScope = UNSCOPED) -> dict[str, Any]:
     """One stored event as JSON data: the form of ``tracker history/export --json`` and of the HTTP API."""
     return {
         "position": event.position,
-        "session_id": external(event.session_id) if external else event.session_id,
+        "session_id": scope.external(event.session_id),
         "version": event.version,
         "type": event.type,
         "recorded_at": event.recorded_at.isoformat(),
@@ -139,89 +79,91 @@ class Page(tuple):
         return page
 
 
-def session_exists(store: Any, session_id: str) -> bool:
-    """Whether the session has any event (a malformed id raises ``InvalidInput``)."""
-    check_session_id(session_id)
-    return store.stream_version(session_id) > 0
+def session_exists(store: EventStore, session_id: str, *, scope: SessionScope = UNSCOPED) -> bool:
+    """Whether the scope's session ``session_id`` has any event (a malformed id raises ``InvalidInput``)."""
+    return store.stream_version(scope.internal(session_id)) > 0
 
 
-def require_session(store: Any, session_id: str, *, name: str | None = None) -> int:
-    """The session's current version; ``UnknownSession`` (naming ``name`` or the id) if it has no events."""
-    check_session_id(session_id)
-    version = store.stream_version(session_id)
+def require_session(store: EventStore, session_id: str, *, scope: SessionScope = UNSCOPED) -> int:
+    """The current version of the scope's session ``session_id``; ``UnknownSession`` (naming the id
+    as given) if it has no events."""
+    version = store.stream_version(scope.internal(session_id))
     if version == 0:
-        shown = name if name is not None else session_id
-        raise UnknownSession(f"no session {shown}", session_id=shown)
+        raise UnknownSession(f"no session {session_id}", session_id=session_id)
     return version
 
 
-def session_state(store: Any, session_id: str) -> SessionState:
-    """The session's projected state (version 0 for an unknown session)."""
-    check_session_id(session_id)
-    data, _ = store.load(session_id)
-    return SessionState.from_data(data) if data is not None else SessionState(session_id=session_id)
+def session_state(store: EventStore, session_id: str, *, scope: SessionScope = UNSCOPED) -> SessionState:
+    """The projected state of the scope's session ``session_id`` (version 0 for an unknown session;
+    its ``session_id`` is the stored one)."""
+    sid = scope.internal(session_id)
+    data, _ = store.load(sid)
+    return SessionState.from_data(data) if data is not None else SessionState(session_id=sid)
 
 
 def read_history(
-    store: Any, session_id: str, from_version: int = 1, to_version: int | None = None
+    store: EventStore,
+    session_id: str,
+    from_version: int = 1,
+    to_version: int | None = None,
+    *,
+    scope: SessionScope = UNSCOPED,
 ) -> Iterator[StoredEvent]:
-    """The session's events, streamed in batches (constant memory on very long sessions)."""
-    return store.read_stream(session_id, from_version, to_version)
+    """The events of the scope's session ``session_id``, streamed in batches (constant memory on very
+    long sessions)."""
+    return store.read_stream(scope.internal(session_id), from_version, to_version)
 
 
 def history_page(
-    store: Any, session_id: str, from_version: int = 1, limit: int = 100, *, external: External | None = None
+    store: EventStore, session_id: str, from_version: int = 1, limit: int = 100, *, scope: SessionScope = UNSCOPED
 ) -> Page:
-    """At most ``limit`` events of a session from ``from_version``: ``(events, next_from_version | None)``.
+    """At most ``limit`` events of the scope's session ``session_id`` from ``from_version``:
+    ``(events, next_from_version | None)``.
 
-    Raises ``UnknownSession`` (naming the external id) for a session with no events.
+    Raises ``UnknownSession`` (naming the id as given) for a session with no events.
     """
-    events = list(store.read_stream(session_id, from_version, from_version + limit))  # one extra: has_more
-    if not events and store.stream_version(session_id) == 0:
-        shown = external(session_id) if external else session_id
-        raise UnknownSession(f"no session {shown}", session_id=shown)
+    sid = scope.internal(session_id)
+    events = list(store.read_stream(sid, from_version, from_version + limit))  # one extra: has_more
+    if not events and store.stream_version(sid) == 0:
+        raise UnknownSession(f"no session {session_id}", session_id=session_id)
     page = events[:limit]
     has_more = len(events) > limit
     resume = page[-1].version + 1 if page else from_version
     return Page(
-        [event_to_dict(e, external=external) for e in page],
+        [event_to_dict(e, scope=scope) for e in page],
         resume if has_more else None,
         has_more=has_more,
         resume=resume,
     )
 
 
-def feed_page(
-    store: Any, after: int = 0, limit: int = 100, prefix: str | None = None, *, external: External | None = None
-) -> Page:
-    """At most ``limit`` events in global commit order after position ``after``: ``(events, next_after)``.
-
-    ``prefix``: only sessions whose id starts with it. A reader resuming at ``next_after`` never
-    misses an event that commits later with a lower position.
+def feed_page(store: EventStore, after: int = 0, limit: int = 100, *, scope: SessionScope = UNSCOPED) -> Page:
+    """At most ``limit`` events of the scope's sessions in global commit order after position
+    ``after``: ``(events, next_after)``. A reader resuming at ``next_after`` never misses an event
+    that commits later with a lower position.
     """
-    events = store.read_all(after, limit + 1, session_prefix=prefix)
+    events = store.read_all(after, limit + 1, session_prefix=scope.stored_prefix())
     page = events[:limit]
     next_after = page[-1].position if page else after
     return Page(
-        [event_to_dict(e, external=external) for e in page], next_after, has_more=len(events) > limit, resume=next_after
+        [event_to_dict(e, scope=scope) for e in page], next_after, has_more=len(events) > limit, resume=next_after
     )
 
 
 def export_events(
-    store: Any, since: int = 0, limit: int = 0, *, prefix: str | None = None, external: External | None = None
+    store: EventStore, since: int = 0, limit: int = 0, *, scope: SessionScope = UNSCOPED
 ) -> Iterator[dict[str, Any]]:
-    """Every event after position ``since`` in global commit order, as dicts (``limit`` 0: all).
-
-    ``prefix``: only sessions whose id starts with it (a fleet's namespace).
-    """
+    """Every event of the scope's sessions after position ``since`` in global commit order, as dicts
+    (``limit`` 0: all)."""
     written = 0
     position = since
+    prefix = scope.stored_prefix()
     while True:
         batch = store.read_all(after_position=position, limit=EXPORT_BATCH, session_prefix=prefix)
         if not batch:
             return
         for e in batch:
-            yield event_to_dict(e, external=external)
+            yield event_to_dict(e, scope=scope)
             position = e.position
             written += 1
             if limit and written >= limit:
@@ -239,9 +181,9 @@ class SessionFilters(TypedDict, total=False):
 
     pressure: str | None  # one of PRESSURES
     since: datetime | None  # active at or after this time
-    prefix: str | None  # only sessions whose id starts with it
+    match: str  # only sessions whose id (as the scope shows it) starts with it
     limit: int | None  # at most this many rows
-    external: External | None  # the caller's ids of the rows' sessions
+    scope: SessionScope  # whose sessions, under the ids they show (default: every session, as stored)
 
 
 def _check_filters(filters: SessionFilters) -> None:
@@ -254,29 +196,32 @@ def _check_filters(filters: SessionFilters) -> None:
 def _listed(
     views: SessionViews, filters: SessionFilters, want: int, after: tuple[datetime, str] | None = None
 ) -> list[dict[str, Any]]:
-    """One page of the listing (the rows as stored: ``external`` is for the caller)."""
+    """One page of the listing (the rows as stored: the scope's ids are for the caller)."""
+    scope = filters.get("scope", UNSCOPED)
     return views.list_sessions(
         pressure=filters.get("pressure"),
         active_since=filters.get("since"),
         limit=want,
-        session_prefix=filters.get("prefix"),
+        session_prefix=scope.stored_prefix(filters.get("match", "")),
         after=after,
     )
 
 
-def list_sessions(views: SessionViews, **filters: Unpack[SessionFilters]) -> list[dict[str, Any]]:
-    """Projection rows, most recently active first: pressure, occupancy, revision, open attempts, ...
+def _shown(row: dict[str, Any], scope: SessionScope) -> dict[str, Any]:
+    return {**row, "session_id": scope.external(row["session_id"])} if scope.fleet_id else row
 
-    ``since``: active at or after this time; ``prefix``: only sessions whose id starts with it;
+
+def list_sessions(views: SessionViews, **filters: Unpack[SessionFilters]) -> list[dict[str, Any]]:
+    """Projection rows of the scope's sessions, most recently active first: pressure, occupancy,
+    revision, open attempts, ...
+
+    ``since``: active at or after this time; ``match``: only sessions whose id starts with it;
     ``limit``: at most this many rows (default 1000).
     """
     _check_filters(filters)
     limit = filters.get("limit")
-    rows = _listed(views, filters, 1000 if limit is None else limit)
-    external = filters.get("external")
-    if external is not None:
-        rows = [{**r, "session_id": external(r["session_id"])} for r in rows]
-    return rows
+    scope = filters.get("scope", UNSCOPED)
+    return [_shown(r, scope) for r in _listed(views, filters, 1000 if limit is None else limit)]
 
 
 def iter_sessions(
@@ -285,14 +230,14 @@ def iter_sessions(
     """The rows of :func:`list_sessions` (``limit`` None: all of them), fetched in keyset-paged
     batches, so a whole-list reader holds one batch at a time."""
     _check_filters(filters)
-    external = filters.get("external")
+    scope = filters.get("scope", UNSCOPED)
     after: tuple[datetime, str] | None = None
     left = filters.get("limit")
     while left is None or left > 0:
         want = batch if left is None else min(batch, left)
         rows = _listed(views, filters, want, after)
         for r in rows:
-            yield {**r, "session_id": external(r["session_id"])} if external is not None else r
+            yield _shown(r, scope)
         if len(rows) < want:
             return
         if left is not None:
@@ -321,15 +266,16 @@ def encode_cursor(updated_at: datetime, session_id: str) -> str:
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
-def decode_cursor(cursor: str) -> tuple[datetime, str]:
-    """``(updated_at, session_id)`` of a cursor from :func:`encode_cursor`; ``InvalidInput("cursor")`` if not one."""
+def decode_cursor(cursor: str, scope: SessionScope = UNSCOPED) -> tuple[datetime, str]:
+    """``(updated_at, stored session id)`` of a cursor from :func:`encode_cursor` for ``scope``;
+    ``InvalidInput("cursor")`` if not one."""
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
         at, sid = json.loads(raw)
         when = datetime.fromisoformat(at)
         if not isinstance(sid, str) or when.tzinfo is None:
             raise ValueError("not a cursor")
-        check_session_id(sid)
+        sid = scope.internal(sid)
     except (ValueError, TypeError, binascii.Error, InvalidInput):
         raise InvalidInput("cursor", "not a cursor from this listing (pass next_cursor back unchanged)") from None
     return when, sid
@@ -342,15 +288,13 @@ def sessions_page(
     since: datetime | None = None,
     limit: int = 100,
     cursor: str | None = None,
-    prefix: str = "",
-    external: External | None = None,
+    scope: SessionScope = UNSCOPED,
 ) -> SessionsPage:
     """One page of the sessions listing, most recently active first (then by id), keyset-paged.
 
     Rows: ``session_id`` (external), ``version``, ``pressure``, ``occupancy_bp``, ``revision``,
-    ``open_attempts``, ``created_at``, ``updated_at`` (last activity; ISO text). ``prefix``: only
-    sessions whose id starts with it (a fleet's namespace); the cursor holds the external id, so
-    it means nothing to another fleet. A session active while a reader pages moves to the front
+    ``open_attempts``, ``created_at``, ``updated_at`` (last activity; ISO text), of the scope's
+    sessions; the cursor holds the id as the scope shows it, so it means nothing to another fleet. A session active while a reader pages moves to the front
     (it is not repeated on later pages; the next listing shows it).
     """
     check_pressure(pressure)
@@ -358,16 +302,16 @@ def sessions_page(
         raise InvalidInput("limit", f"must be an integer from 1 to 1000, got {limit!r}")
     after = None
     if cursor is not None:
-        at, sid = decode_cursor(cursor)
-        after = (at, prefix + sid)
+        at, sid = decode_cursor(cursor, scope)
+        after = (at, sid)
     rows = views.list_sessions(
-        pressure=pressure, active_since=since, limit=limit + 1, session_prefix=prefix or None, after=after
+        pressure=pressure, active_since=since, limit=limit + 1, session_prefix=scope.stored_prefix(), after=after
     )
     page = rows[:limit]
     out = [
         {
             **{k: r[k] for k in SESSION_FIELDS},
-            "session_id": external(r["session_id"]) if external else r["session_id"],
+            "session_id": scope.external(r["session_id"]),
             "created_at": r["created_at"].isoformat(),
             "updated_at": r["updated_at"].isoformat(),
         }
@@ -376,10 +320,10 @@ def sessions_page(
     if len(rows) <= limit:
         return SessionsPage(out, None)
     last = page[-1]
-    return SessionsPage(out, encode_cursor(last["updated_at"], last["session_id"][len(prefix) :]))
+    return SessionsPage(out, encode_cursor(last["updated_at"], scope.external(last["session_id"])))
 
 
-def verify(store: Any) -> dict[str, Any]:
+def verify(store: EventStore) -> dict[str, Any]:
     """Re-fold every session from the log and compare with the stored projection.
 
     ``{"ok": bool, "sessions": n, "differences": [...]}``; ``ok`` is true when every projection
@@ -404,7 +348,7 @@ def fleet_gauges(views: SessionViews, fleets: dict[str, str], now: float) -> dic
     with nothing open or held; ``feed_held``: the committed events the global feed does not show
     yet, and how long the oldest of them has waited -- ``SessionViews.feed_held``).
     """
-    summary = views.session_summary(FLEET_ID_LEN)  # namespaces = the SessionScope.fleet_of of fleet ids
+    summary = views.session_summary()  # by SessionScope.fleet_of, the fleet calibration files them under
     names = [*fleets.values(), NO_FLEET]
     sessions = {(f, p): 0 for f in names for p in PRESSURES}
     open_attempts = dict.fromkeys(names, 0)
@@ -435,6 +379,7 @@ def feed_held(views: SessionViews, now: float) -> tuple[int, float]:
 
 __all__ = [
     "NO_FLEET",
+    "UNSCOPED",
     "Page",
     "Recorded",
     "Unrecognised",
@@ -442,6 +387,8 @@ __all__ = [
     "check_pressure",
     "decode",
     "decode_all",
+    "event_of",
+    "events_of",
     "decode_cursor",
     "encode_cursor",
     "event_to_dict",

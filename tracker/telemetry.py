@@ -391,8 +391,8 @@ class TelemetryHooks(TrackerHooks):
                 span_.set(ACTION, e.action)
                 span_.set(PRESSURE, e.pressure)
                 span_.set(OCCUPANCY, e.occupancy_bp)
-                span_.set(BASIS, e.measurement.get("basis"))
-                span_.set(QUALITY, e.measurement.get("quality"))
+                span_.set(BASIS, str(e.measurement.basis))
+                span_.set(QUALITY, e.measurement.quality)
             elif isinstance(e, CompactionStarted):  # an attempt opened
                 span_.set(ATTEMPT, e.attempt_id)
 

@@ -557,16 +557,17 @@ def _events_rows_read(engine: Any) -> int:
         )
 
 
-def _feed_rows_examined(server: Server, prefix: str) -> int:
+def _feed_rows_examined(server: Server, fleet: str) -> int:
     """Rows of ``events`` Postgres read for one page of the feed (its own statistics, whatever the query)."""
     from tracker import queries
     from tracker.bootstrap import build_store
+    from tracker.core.model import SessionScope
     from tracker.settings import Settings
 
     before = _events_rows_read(server.engine)
     store = build_store(Settings.of(database_url=server.db_url).store)
     try:
-        queries.feed_page(store, 0, 50, prefix=prefix, external=lambda x: x)
+        queries.feed_page(store, 0, 50, scope=SessionScope(fleet))
     finally:
         store.close()  # its connections end, and a backend that ends reports its statistics
     after, deadline = before, time.monotonic() + 5
@@ -579,12 +580,14 @@ def _feed_rows_examined(server: Server, prefix: str) -> int:
 def test_a_feed_page_costs_the_same_whatever_other_fleets_hold(server, a, b):
     from sqlalchemy import text
 
+    from tracker.core.model import SessionScope
+
     for i in range(5):
         observe(b, sid("feed"), f"m{i}", 10)
     with server.engine.connect() as conn:
         last = conn.execute(text("SELECT session_id FROM events ORDER BY position DESC LIMIT 1")).scalar_one()
-    prefix = last.split(":")[0] + ":"  # fleet B's namespace
-    quiet = _feed_rows_examined(server, prefix)
+    fleet = SessionScope.fleet_of(last)  # fleet B
+    quiet = _feed_rows_examined(server, fleet)
     # another fleet writes 20,000 events (copies of one of its rows, stored as an append stores them)
     s = sid("noisy")
     observe(a, s, "m0", 10)
@@ -598,7 +601,7 @@ def test_a_feed_page_costs_the_same_whatever_other_fleets_hold(server, a, b):
             {"s": f"%:{s}"},
         )
         conn.execute(text("ANALYZE events"))
-    busy = _feed_rows_examined(server, prefix)
+    busy = _feed_rows_examined(server, fleet)
     print(f"\nfeed page of fleet B: {quiet} rows read alone, {busy} with 20,000 more events of fleet A")
     assert quiet > 0
     assert busy <= 2 * quiet + 100, (quiet, busy)

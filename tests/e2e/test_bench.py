@@ -114,12 +114,13 @@ def test_latency_throughput_and_ratio():
 
 def test_store_fixture_is_an_event_the_core_records():
     from tracker.bench.store import EVENT
-    from tracker.core.events import ContextMeasured, event_from_data
+    from tracker.core.events import ContextMeasured
+    from tracker.queries import event_of
 
-    event = event_from_data(EVENT.type, EVENT.data)
+    event = event_of(EVENT)
     assert isinstance(event, ContextMeasured)
     assert event.to_data() == EVENT.data
-    assert event.measurement["basis"] == "r3:msg-000187" and event.action == "proceed"
+    assert str(event.measurement.basis) == "r3:msg-000187" and event.action == "proceed"
 
 
 @pytest.mark.postgres

@@ -67,14 +67,14 @@ def _sign_in_with_key(client: Any, key: str) -> None:
 
 def test_a_fleet_viewer_names_ids_through_the_core_s_scope(console):
     v = Viewer("fleet", "k1", scope=SessionScope("f123456789"))
-    assert v.prefix == "f123456789:" and v.fleet_id == "f123456789"
+    assert v.scope.prefix == "f123456789:" and v.fleet_id == "f123456789"
     assert v.internal("abc") == "f123456789:abc" and v.external("f123456789:abc") == "abc"
     longest = "a" * SessionScope("f123456789").max_len
     assert v.internal(longest) == "f123456789:" + longest
     with pytest.raises(InvalidSessionId, match="at most 189 characters in a fleet"):
         v.internal(longest + "a")
     operator = Viewer("operator", "k2")
-    assert operator.prefix is None and operator.internal("f1:x") == "f1:x"
+    assert operator.scope.prefix == "" and operator.internal("f1:x") == "f1:x"
 
     _sign_in_with_key(console["client"], console["key"])
     r = console["client"].get("/console/sessions/" + "a" * 195)

@@ -7,7 +7,6 @@ import pytest
 from tests.support.measurements import measurement
 from tracker import ContextLimitError, Policy, StaleBasis, Tracker
 from tracker.core import SessionProjector, fold
-from tracker.core.events import event_from_data
 from tracker.errors import (
     AttemptNotOpen,
     CountTimeout,
@@ -22,6 +21,7 @@ from tracker.errors import (
     WaitTimeout,
 )
 from tracker.hooks import TrackerHooks as TrackerHooksBase
+from tracker.queries import events_of
 from tracker.store import open_store, verify_projections
 from tracker.store.migrate import upgrade
 
@@ -51,7 +51,7 @@ def tracker(db_url):
 
 
 def log_of(t: Tracker, sid: str):
-    return [event_from_data(e.type, e.data) for e in t.history(sid)]
+    return list(events_of(t.history(sid)))
 
 
 def test_lifecycle_compact_commit_rearm(tracker):

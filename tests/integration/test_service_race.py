@@ -21,8 +21,9 @@ import pytest
 from tests.support.measurements import measurement
 from tests.support.procs import PostgresLog, PrivateRedis, racing_context
 from tracker.core import Policy, SessionProjector, fold
-from tracker.core.events import CompactionRejected, CompactionStarted, event_from_data
+from tracker.core.events import CompactionRejected, CompactionStarted
 from tracker.core.state import SessionState, apply
+from tracker.queries import events_of
 from tracker.store import open_store, verify_projections
 from tracker.store.migrate import upgrade
 
@@ -84,7 +85,7 @@ def _racer(db_url: str, redis_url: str | None, session_id: str, seed: int, round
 def check_log(db_url: str, session_id: str) -> dict:
     store = open_store(db_url, projector=SessionProjector())
     try:
-        events = [event_from_data(e.type, e.data) for e in store.read_stream(session_id)]
+        events = list(events_of(store.read_stream(session_id)))
         versions = [e.version for e in store.read_stream(session_id)]
         assert versions == list(range(1, len(versions) + 1)), "versions must be gap-free"
         seen_bases: set[str] = set()

@@ -19,6 +19,9 @@ import pytest
 from tests.integration.test_store_contract import ToyProjector, ev, execute_sql, fold
 from tests.support.db import feed_shows, settled, transaction_open_elsewhere
 from tracker.bootstrap import build_views
+from tracker.calibrations import ledger_of
+from tracker.core.events import UsageReported
+from tracker.core.model import SessionScope
 from tracker.errors import InvalidInput, InvalidSessionId
 from tracker.queries import fleet_gauges
 from tracker.store import NewEvent, open_store, upgrade, verify_projections
@@ -50,10 +53,39 @@ def test_views_read_the_stores_database_and_refuse_bad_input(store, views):
         with pytest.raises(InvalidInput) as info:
             views.list_sessions(**kwargs)
         assert info.value.field == field
-    with pytest.raises(InvalidInput) as info:
-        views.session_summary(0)
-    assert info.value.field == "namespace_len"
     assert views.session_summary()["pressure"] == [("", "compact", 1, 0)]
+
+
+def test_the_gauges_file_each_session_under_the_fleet_calibration_and_the_feed_file_it_under(store, views):
+    """One fleet rule, ``SessionScope.fleet_of``: the gauges (grouped in SQL), the calibration ledger
+    (folded from the feed) and the per-fleet feed (the events' ``fleet`` column) agree on every id --
+    a library id with a namespace, an HTTP fleet's session and a plain id."""
+    ids = ("team:s1", "f0123456789:s1", "s1")
+    report = UsageReported(
+        basis="r1:m1", model="m1", quality="heuristic_estimate", counted_tokens=10_000, input_tokens=9_000
+    )
+    last = 0
+    for sid in ids:
+        appended = store.append(sid, 0, [ev("Pressure", level="compact"), NewEvent(report.TYPE, report.to_data())])
+        last = appended.positions[-1]
+    fleets = sorted(SessionScope.fleet_of(sid) for sid in ids)
+    assert fleets == ["", "f0123456789", "team"]
+
+    summary = views.session_summary()
+    assert sorted(ns for ns, _, _, _ in summary["pressure"]) == fleets
+    assert feed_shows(store, last)
+    assert sorted(m.fleet for m in ledger_of(store).summaries()) == fleets
+    for sid in ids:
+        fleet = SessionScope.fleet_of(sid)
+        assert [m.fleet for m in ledger_of(store, scope=SessionScope(fleet or None)).summaries()] == (
+            [fleet] if fleet else fleets
+        )
+        if fleet:
+            assert {e.session_id for e in store.read_all(0, 100, session_prefix=SessionScope(fleet).prefix)} == {sid}
+
+    # the gauges name the known fleets; an id outside them (a library namespace too) counts under "none"
+    gauges = fleet_gauges(views, {"f0123456789": "acme"}, time.time())
+    assert {(f, p): n for f, p, n in gauges["sessions"] if n} == {("acme", "compact"): 1, ("none", "compact"): 2}
 
 
 def test_listed_rows_are_the_projection_and_equal_the_fold_of_the_log(store, views):

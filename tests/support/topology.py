@@ -664,15 +664,15 @@ def check_log(db_url: str, session_id: str, results: list[dict]) -> dict:
         CompactionRejected,
         CompactionStarted,
         ContextMeasured,
-        event_from_data,
     )
     from tracker.core.state import SessionState, apply
+    from tracker.queries import events_of
     from tracker.store import open_store, verify_projections
 
     store = open_store(db_url, projector=SessionProjector())
     try:
         stored = list(store.read_stream(session_id))
-        events = [event_from_data(e.type, e.data) for e in stored]
+        events = list(events_of(stored))
         versions = [e.version for e in stored]
         assert versions == list(range(1, len(versions) + 1)), "versions must be gap-free"
         seen_bases: set[str] = set()
@@ -689,7 +689,7 @@ def check_log(db_url: str, session_id: str, results: list[dict]) -> dict:
         assert fold(events, session_id) == state
         assert verify_projections(store, SessionProjector()) == [], "projection differs from the fold"
 
-        measured = {e.measurement["basis"] for e in events if isinstance(e, ContextMeasured)}
+        measured = {str(e.measurement.basis) for e in events if isinstance(e, ContextMeasured)}
         started = {e.attempt_id for e in events if isinstance(e, CompactionStarted)}
         committed = {e.attempt_id for e in events if isinstance(e, CompactionCommitted)}
         rejected = {e.attempt_id for e in events if isinstance(e, CompactionRejected)}

@@ -145,7 +145,7 @@ def test_first_measurement_starts_the_session_with_normal_before():
     s = Session()
     o = s.measure("m1", 10_000)
     assert s.types(o) == ["SessionStarted", "ContextMeasured"]
-    assert o.events[0].policy == Policy().to_data()
+    assert o.events[0].policy == Policy() and o.events[0].to_data()["policy"] == Policy().to_data()
     d = o.decision
     assert (d.pressure_before, d.pressure, d.action, d.trigger) == ("normal", "normal", "proceed", None)
     assert (d.occupancy_bp, d.threshold_bp, d.threshold_source) == (1000, 8000, "default")

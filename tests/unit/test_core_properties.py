@@ -15,6 +15,7 @@ import json
 from collections import Counter
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -33,11 +34,11 @@ from tracker.core import (
     decide_manual,
     decide_measure,
     decide_reject,
-    event_from_data,
     fold,
     levels,
     resolve_threshold,
 )
+from tracker.core.events import event_from_data  # the core's own decoding (the projector's)
 from tracker.core.model import ceil_div
 from tracker.errors import InvalidInput, TrackerError
 
@@ -361,9 +362,25 @@ def test_events_and_states_round_trip_through_data(policy, ops):
         data = json.loads(json.dumps(e.to_data()))
         assert data["v"] == e.SCHEMA
         assert event_from_data(e.TYPE, data) == e
+        assert event_from_data(e.TYPE, data).to_data() == data  # the value types give back the stored data
         data["from_a_newer_writer"] = 1  # unknown fields are ignored
         assert event_from_data(e.TYPE, data) == e
     for _, s in r.kept:
         data = json.loads(json.dumps(s.to_data()))
         assert SessionState.from_data(data) == s
         assert SessionState.from_data(data).to_data() == s.to_data()
+
+
+def test_a_recorded_measurement_decodes_as_measurement_from_data_builds_it():
+    from tracker.core.model import Basis, Measurement, ModelRef, recorded_measurement
+    from tracker.errors import MalformedMeasurement
+
+    m = Measurement(Basis(3, "msg-1"), ModelRef("openai", "gpt-4.1"), "ab" * 32, 81_234, 111_616, "exact_local")
+    data = json.loads(json.dumps(m.to_data()))
+    assert recorded_measurement(data) == m == Measurement.from_data(data)
+    # any other shape (the first writers' rows, a hand-made one) is checked in full
+    bare = {"basis": "r2:x", "input_tokens": 5, "input_limit": 10}
+    assert recorded_measurement(bare) == Measurement.from_data(bare)
+    assert recorded_measurement(bare).model == ModelRef("unknown", "unknown")
+    with pytest.raises(MalformedMeasurement):
+        recorded_measurement({**bare, "input_tokens": -1})

@@ -79,8 +79,8 @@ def test_an_estimate_is_decided_on_its_calibrated_count_and_the_event_records_bo
     assert d.calibration == FACTOR.to_data()
     measured = c.events[-1]
     assert isinstance(measured, ev.ContextMeasured)
-    assert measured.measurement["input_tokens"] == 100_000 and measured.input_tokens == 75_000
-    assert Calibration.from_data(measured.calibration) == FACTOR
+    assert measured.measurement.input_tokens == 100_000 and measured.input_tokens == 75_000
+    assert measured.calibration == FACTOR == Calibration.from_data(measured.to_data()["calibration"])
     assert c.state.last is not None and c.state.last.input_tokens == 75_000
 
 
@@ -118,6 +118,9 @@ def test_an_old_measurement_event_folds_as_uncalibrated():
     }
     e = ev.event_from_data("ContextMeasured", old)
     assert isinstance(e, ev.ContextMeasured) and (e.decided_tokens, e.decided_limit) == (50_000, L)
+    # upcast_v1_v2: decided on the raw count against the measured limit, uncalibrated, not rejected
+    assert (e.input_tokens, e.input_limit, e.calibration, e.rejected) == (50_000, L, None, False)
+    assert e.to_data()["v"] == 2 and ev.ContextMeasured.from_data(e.to_data()) == e
     state = fold([e], "s")
     assert state.last is not None and state.last.input_tokens == 50_000
     assert state.measured_basis("r1:m1") is not None

@@ -117,7 +117,7 @@ def test_bare_basis_is_through_at_the_current_revision_and_old_revisions_are_sta
     w, out = run(
         [m("b1", 85), j(op="commit", tokens_after=10), m("b2", 10), m("r1:b3", 10), m("r2:b4", 10), m("r9:b4", 10)]
     )
-    measured = [e.measurement["basis"] for e in w.events if e.TYPE == "ContextMeasured"]
+    measured = [str(e.measurement.basis) for e in w.events if e.TYPE == "ContextMeasured"]
     assert measured == ["r1:b1", "r2:b2", "r2:b4"]
     assert out[3]["code"] == "stale_basis" and "r1:b3" in out[3]["error"]
     assert any(e.TYPE == "MeasurementRefused" for e in w.events)  # a stale count is on the record

@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 
 from markupsafe import Markup, escape
 
-from tracker.audit.builder import Marker, Point, Story
+from tracker.audit.model import Marker, Point, Story
 
 W, H = 1100, 380
 PAD_L, PAD_R, PAD_T, PAD_B = 78, 112, 30, 52

@@ -25,7 +25,7 @@ def summary(event: ev.DomainEvent | Unrecognised) -> str:
     match event:
         case ev.ContextMeasured(measurement=m):
             return (
-                f"{m['basis']} {_measured(event)} ({event.occupancy_bp} bp) "
+                f"{m.basis} {_measured(event)} ({event.occupancy_bp} bp) "
                 f"{event.pressure_before}→{event.pressure} → {event.action}"
                 + (f" [{event.trigger}]" if event.trigger else "")
                 + (" (provider rejected this basis)" if event.rejected else "")
@@ -77,10 +77,7 @@ def summary(event: ev.DomainEvent | Unrecognised) -> str:
         case ev.MeasurementRefused():
             return f"{event.kind}: {event.basis} (session at r{event.current_revision})"
         case ev.SessionStarted(policy=p):
-            return (
-                f"policy compact at {p['compact_at_bp']} bp, rearm below {p['rearm_below_bp']} bp, "
-                f"automatic={p['automatic']}"
-            )
+            return f"policy compact at {p.compact_at_bp} bp, rearm below {p.rearm_below_bp} bp, automatic={p.automatic}"
         case Unrecognised(data=data):
             return json.dumps(data)[:100]
     return json.dumps(event.to_data())[:100]
@@ -89,8 +86,7 @@ def summary(event: ev.DomainEvent | Unrecognised) -> str:
 def _measured(event: ev.ContextMeasured) -> str:
     """``tokens/limit`` as decided; the counter's raw count (and the measured limit) beside them when
     calibration or a learned limit changed them."""
-    m = event.measurement
-    raw, limit = m["input_tokens"], m["input_limit"]
+    raw, limit = event.measurement.input_tokens, event.measurement.input_limit
     tokens, decided_limit = event.decided_tokens, event.decided_limit
     text = f"{tokens}/{decided_limit}"
     notes = []

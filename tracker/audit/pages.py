@@ -15,8 +15,8 @@ from typing import Any
 
 import jinja2
 
-from tracker.audit.builder import Story
 from tracker.audit.chart import COLOURS, legend_of, render_chart
+from tracker.audit.model import Story
 from tracker.audit.story import account
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tracker.audit.whatif import WhatIf
-from tracker.core import Basis, Policy, SessionState, apply, event_from_data
+from tracker.core import Basis, Policy, SessionState, apply
 from tracker.core.events import (
     CompactionCommitted,
     CompactionRejected,
@@ -25,7 +25,7 @@ from tracker.core.events import (
 )
 from tracker.core.ledger import CalibrationLedger
 from tracker.core.model import SessionScope
-from tracker.queries import Unrecognised, decode
+from tracker.queries import decode, event_of
 from tracker.store import StoredEvent
 
 #: rejections the core records itself (not an operation a caller made): what-if re-derives them
@@ -44,10 +44,7 @@ def replay_states(stored: Iterable[StoredEvent], session_id: str, at: int | None
     for e in stored:
         if at is not None and e.version > at:
             break
-        event = decode(e).event
-        if isinstance(event, Unrecognised):
-            event = event_from_data(e.type, e.data)  # raises the core's InvalidInput naming the field
-        state = apply(state, event)
+        state = apply(state, event_of(e))  # raises the core's InvalidInput naming the field
         yield Step(e, state)
 
 
@@ -79,17 +76,17 @@ def whatif_rows(
             case ContextMeasured(measurement=m):
                 op = {
                     "op": "measure",
-                    "basis": Basis.parse(m["basis"]).through,
-                    "input_tokens": m["input_tokens"],
-                    "input_limit": m["input_limit"],
-                    "quality": m["quality"],
-                    "model": m["model"],
+                    "basis": m.basis.through,
+                    "input_tokens": m.input_tokens,
+                    "input_limit": m.input_limit,
+                    "quality": m.quality,
+                    "model": m.model.to_data(),
                     "at": event.at,
                     **(event.inputs or {}),
                 }
                 if event.calibration is not None:
-                    op["calibration"] = event.calibration
-                if event.decided_limit < m["input_limit"]:
+                    op["calibration"] = event.calibration.to_data()
+                if event.decided_limit < m.input_limit:
                     op["learned_limit"] = event.decided_limit
             case ProviderRejected():
                 op = {"op": "rejection", "basis": Basis.parse(event.basis).through, "at": event.at}
@@ -131,17 +128,17 @@ class _Refold:
     def step(self, e: StoredEvent, event: Any, op: dict[str, Any]) -> dict[str, Any]:
         while self.pending is not None and self.pending.position < e.position:
             r = self.pending
-            self.ledger.fold(SessionScope.fleet_of(r.session_id), event_from_data(r.type, r.data))
+            self.ledger.fold(SessionScope.fleet_of(r.session_id), event_of(r))
             self.pending = next(self.reports, None)
         if isinstance(event, ContextMeasured):
             m = event.measurement
-            fleet, name = SessionScope.fleet_of(e.session_id), m["model"]["name"]
-            calibration = self.ledger.calibration(fleet, name, m["quality"])
+            fleet, name = SessionScope.fleet_of(e.session_id), m.model.name
+            calibration = self.ledger.calibration(fleet, name, m.quality)
             learned = self.ledger.learned_limit(fleet, name)
             op = {k: v for k, v in op.items() if k not in ("calibration", "learned_limit")}
             if calibration is not None:
                 op["calibration"] = calibration.to_data()
-            if learned is not None and learned < m["input_limit"]:
+            if learned is not None and learned < m.input_limit:
                 op["learned_limit"] = learned
         self.runner.line_no += 1
         return self.runner.step(op)

@@ -18,7 +18,7 @@ from tracker.audit.builder import MAX_MARKERS, MAX_POINTS, MAX_TABLE_ROWS, build
 from tracker.audit.pages import render_report
 from tracker.audit.story import read_story
 from tracker.store import StoredEvent
-from tracker.store.base import SessionViews
+from tracker.store.base import EventStore, SessionViews
 
 __all__ = ["MAX_MARKERS", "MAX_POINTS", "MAX_TABLE_ROWS", "render_html", "render_store_html"]
 
@@ -35,7 +35,7 @@ def render_html(session_id: str, stored: Iterable[StoredEvent], out: Any, title:
 
 
 def render_store_html(
-    store: Any,
+    store: EventStore,
     session_id: str,
     out: Any,
     *,

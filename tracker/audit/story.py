@@ -19,22 +19,14 @@ import heapq
 from collections.abc import Iterable
 from typing import Any
 
-from tracker.audit.builder import (
-    COUNT_KEYS,
-    MAX_MEASURED_ROWS,
-    MAX_POINTS,
-    Limit,
-    Story,
-    StoryBuilder,
-    build_story,
-    revision_of,
-)
+from tracker.audit.builder import MAX_MEASURED_ROWS, MAX_POINTS, StoryBuilder, build_story
 from tracker.audit.format import summary
+from tracker.audit.model import COUNT_KEYS, Limit, Story, revision_of
 from tracker.core import Policy, SessionState, fold
 from tracker.core import events as ev
 from tracker.core.decide import Eligibility, eligibility
 from tracker.queries import Unrecognised, decode, decode_all, type_names
-from tracker.store.base import SessionViews
+from tracker.store.base import EventStore, SessionViews
 
 __all__ = [
     "MAX_POINTS",  # the chart's cap, with the story's other names (tracker.audit.builder)
@@ -68,7 +60,7 @@ PEAK_POINTS = 1000  # ... plus at most this many of those that opened an attempt
 
 
 def read_story(
-    store: Any,
+    store: EventStore,
     session_id: str,
     *,
     views: SessionViews,
@@ -155,7 +147,7 @@ def read_story(
     return story
 
 
-def _state_at(store: Any, session_id: str, projection: dict[str, Any], version: int) -> SessionState | None:
+def _state_at(store: EventStore, session_id: str, projection: dict[str, Any], version: int) -> SessionState | None:
     """The core's state of the session at ``version``: its projection when that is the current version,
     else the fold of its log up to there through the core (rare: one event after a limit)."""
     if projection.get("version") == version:

@@ -164,6 +164,7 @@ def run(url: str | None = None, sizes: tuple[int, ...] = (10_000, 100_000), repe
     from tracker import queries
     from tracker.bootstrap import build_storage
     from tracker.core import SessionProjector
+    from tracker.core.events import CompactionStarted
     from tracker.http.app import create_app
     from tracker.settings import Settings
     from tracker.store import upgrade
@@ -188,9 +189,9 @@ def run(url: str | None = None, sizes: tuple[int, ...] = (10_000, 100_000), repe
             for n in sizes:
                 sid = f"bench-{n}"
                 aid = next(
-                    e.data["attempt_id"]
-                    for e in queries.read_history(store, sid, max(1, n - 2000))
-                    if e.type == "CompactionStarted"
+                    r.event.attempt_id
+                    for r in queries.decode_all(queries.read_history(store, sid, max(1, n - 2000)))
+                    if isinstance(r.event, CompactionStarted)
                 )
 
                 out["pages_ms"][str(n)] = _pages(client, store, sid, n, aid, repeat, db.views)

@@ -167,7 +167,7 @@ def calibration(
     with storage_open(as_json, read=True) as db:
         scope = _scope(db.fleets, fleet, as_json)
         names = {f["fleet_id"]: f["name"] for f in db.fleets.list_fleets()}
-        ledger = ledger_of(db.store, fleet_prefix=scope.prefix or None)
+        ledger = ledger_of(db.store, scope=scope)
         rows = ledger.summaries(scope.fleet_id if scope.prefix else None)
     data = [{**r.to_data(), "fleet_name": names.get(r.fleet)} for r in rows]
 

@@ -180,13 +180,7 @@ def sessions(
     active_since = parse_since(since, as_json) if since else None
     with storage_open(as_json, read=True) as db:
         scope = _scope(db.fleets, fleet, as_json)
-        filters: dict[str, Any] = {
-            "pressure": pressure,
-            "since": active_since,
-            "limit": limit,
-            "prefix": scope.prefix or None,
-            "external": scope.external if scope.prefix else None,
-        }
+        filters: dict[str, Any] = {"pressure": pressure, "since": active_since, "limit": limit, "scope": scope}
         if as_json:  # one JSON array, written as the rows come (constant memory at any --limit)
             stream_json_array(queries.iter_sessions(db.views, **filters))
             return
@@ -243,7 +237,7 @@ def _require_session(db: Storage, session_id: str, fleet: str | None, as_json: b
 
     scope = _scope(db.fleets, fleet, as_json)
     try:
-        return scope, queries.require_session(db.store, scope.internal(session_id), name=session_id)
+        return scope, queries.require_session(db.store, session_id, scope=scope)
     except UnknownSession as unknown:
         fleets = [] if scope.prefix else _fleets_with(db, session_id)
         if not fleets:
@@ -262,7 +256,7 @@ def _fleets_with(db: Storage, session_id: str) -> list[str]:
     found = []
     for f in db.fleets.list_fleets():
         try:
-            if queries.session_exists(db.store, SessionScope(f["fleet_id"]).internal(session_id)):
+            if queries.session_exists(db.store, session_id, scope=SessionScope(f["fleet_id"])):
                 found.append(f["name"])
         except TrackerError:  # too long once namespaced: no fleet can have it
             continue
@@ -281,10 +275,9 @@ def history(
     from tracker.audit.format import event_summary
 
     with _session_open(session_id, fleet, as_json) as (db, scope, version):
-        events = queries.read_history(db.store, scope.internal(session_id), from_version)
+        events = queries.read_history(db.store, session_id, from_version, scope=scope)
         if as_json:
-            external = scope.external if scope.prefix else None
-            print_json_lines(queries.event_to_dict(e, external=external) for e in events)
+            print_json_lines(queries.event_to_dict(e, scope=scope) for e in events)
             return
         rows = (
             (str(e.version), e.recorded_at.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3], e.type, event_summary(e))
@@ -332,7 +325,7 @@ def replay(
 
     with _session_open(session_id, fleet, as_json) as (db, scope, version):
         stream = version > TABLE_MAX_ROWS
-        events = queries.read_history(db.store, scope.internal(session_id), 1, at)
+        events = queries.read_history(db.store, session_id, 1, at, scope=scope)
         if html_file is not None:
             # at the head: the store's narrow reads (the console's page); up to --at: the stream
             source = (db, scope.internal(session_id)) if at is None or at >= version else events
@@ -346,23 +339,25 @@ def replay(
             )
         ):
             from tracker.core import Policy
+            from tracker.core.events import SessionStarted
 
-            first = next(iter(queries.read_history(db.store, scope.internal(session_id), 1, 1)))
             try:
+                first = queries.event_of(next(iter(queries.read_history(db.store, session_id, 1, 1, scope=scope))))
                 policy = policy_from_flags(
                     compact_at,
                     rearm_below,
                     turn_delta,
                     observe_only,
                     max_automatic_per_episode,
-                    base=Policy.from_data(first.data["policy"]),
+                    base=first.policy if isinstance(first, SessionStarted) else Policy(),
                 )
             except TrackerError as exc:
                 fail(exc, as_json)
             from tracker.calibrations import provider_reports
 
-            prefix = scope.prefix if scope.fleet_id is not None else None  # (the ledger keeps fleets apart anyway)
-            reports = provider_reports(db.store, fleet_prefix=prefix) if from_log else None
+            reports = (
+                provider_reports(db.store, scope=scope) if from_log else None
+            )  # (the ledger keeps fleets apart anyway)
             _replay_whatif(session_id, events, policy, as_json, stream, without_calibration, reports)
         else:
             _replay_states(session_id, events, at, as_json, stream)
@@ -513,10 +508,7 @@ def export(
     with storage_open(as_json, read=True) as db:
         store = db.store
         scope = _scope(db.fleets, fleet, as_json)
-        if scope.prefix:
-            print_json_lines(queries.export_events(store, since, limit, prefix=scope.prefix, external=scope.external))
-        else:
-            print_json_lines(queries.export_events(store, since, limit))
+        print_json_lines(queries.export_events(store, since, limit, scope=scope))
         if not limit:  # the whole log was asked for: say what the feed's horizon still holds back
             held, waited = queries.feed_held(db.views, time.time())
             if held:

@@ -6,7 +6,7 @@ Live decisions, replay and what-if all run this same code.
 from tracker.core.attempts import decide_commit, decide_manual, decide_reject, expire_leases
 from tracker.core.calibration import Calibration, CalibrationSample, CalibrationState
 from tracker.core.decide import Result, decide_count_failed, decide_measure
-from tracker.core.events import EVENT_TYPES, DomainEvent, event_from_data
+from tracker.core.events import EVENT_TYPES, DomainEvent
 from tracker.core.ledger import CalibrationLedger, ModelSummary
 from tracker.core.loopguard import LoopGuardEntry, ReclaimPlan, plan_reclaim
 from tracker.core.model import (
@@ -84,7 +84,6 @@ __all__ = [
     # events and state
     "EVENT_TYPES",
     "DomainEvent",
-    "event_from_data",
     "Attempt",
     "SessionProjector",
     "SessionState",

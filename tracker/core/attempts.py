@@ -32,7 +32,7 @@ def begin(state: SessionState, policy: Policy, now: float) -> tuple[SessionState
     """Start the session if it is new, then expire overdue attempts. Returns the state after those."""
     events: list[ev.DomainEvent] = []
     if not state.started:
-        events.append(ev.SessionStarted(policy=policy.to_data(), at=now))
+        events.append(ev.SessionStarted(policy=policy, at=now))
     s = fold(events, state.session_id, state)
     lease_events = expire_leases(s, now)
     s = fold(lease_events, s.session_id, s)

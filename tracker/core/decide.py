@@ -213,7 +213,7 @@ def decide_measure(
     measured = built(
         ev.ContextMeasured,
         {
-            "measurement": measurement.to_data(),
+            "measurement": measurement,
             "occupancy_bp": occ,
             "pressure_before": before,
             "pressure": pressure,
@@ -229,7 +229,7 @@ def decide_measure(
             "inputs": _inputs(compaction_threshold, scope, scope_confidence, overhead_tokens),
             "input_tokens": used,
             "input_limit": L,
-            "calibration": applied.to_data() if applied is not None else None,
+            "calibration": applied,
             "rejected": rejected,
         },
     )

@@ -1,45 +1,81 @@
 """The domain events of behaviour.md "Events" as typed, versioned records.
 
 Each event class has a ``TYPE`` (the name stored in the log) and a ``SCHEMA``
-version. ``to_data()`` gives the JSON object stored in the event's ``data``
-column (with ``"v": SCHEMA``); ``event_from_data(type, data)`` turns a stored
-event back into its class, upcasting older schema versions when there are any.
-Unknown fields from newer writers are ignored, so old readers keep working.
+version. Its fields are JSON-native values or the core's own value types
+(``Measurement``, ``Policy``, ``Calibration``: named in the class's ``VALUES``).
+``to_data()`` gives the JSON object stored in the event's ``data`` column (with
+``"v": SCHEMA``); ``from_data(data)`` is its inverse for every stored version: data
+of an older schema is first brought up to date by the class's upcasters, one per
+version (``UPCASTERS[n]`` turns version ``n`` data into version ``n + 1``: the
+``upcast_vN_vN+1`` functions below). Unknown fields from newer writers are
+ignored, so old readers keep working.
+
+The read side decodes stored rows in one place (``tracker.store.recorded.decode``,
+re-exported by ``tracker.queries``); inside the core, the projector folds them
+with :func:`event_from_data`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import MISSING, dataclass, fields
 from typing import Any, ClassVar
 
-from tracker.core.model import Action, Pressure, Trigger, built
-from tracker.errors import InvalidInput
+from tracker.core.calibration import Calibration
+from tracker.core.model import Action, Measurement, Pressure, Trigger, built, recorded_measurement
+from tracker.core.policy import Policy
+from tracker.errors import InvalidInput, TrackerError
+
+Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
 
 
 @dataclass(frozen=True)
 class DomainEvent:
     TYPE: ClassVar[str] = ""
     SCHEMA: ClassVar[int] = 1
+    #: the fields holding a value type, and how each is built from its stored data (``None`` stays None)
+    VALUES: ClassVar[dict[str, Callable[[Any], Any]]] = {}
+    #: ``UPCASTERS[n]``: version ``n`` data as version ``n + 1`` data (one per version before ``SCHEMA``)
+    UPCASTERS: ClassVar[dict[int, Upcaster]] = {}
 
     def to_data(self) -> dict[str, Any]:
-        # The fields are JSON-native values (no nested dataclasses), so a shallow copy is the
-        # whole conversion (``dataclasses.asdict`` deep-copies: several times slower).
+        # The other fields are JSON-native values, so a shallow copy and the value types' own
+        # ``to_data`` are the whole conversion (``dataclasses.asdict`` deep-copies: several times slower).
         data = dict(self.__dict__)
+        for name in self.VALUES:
+            value = data[name]
+            if value is not None:
+                data[name] = value.to_data()
         data["v"] = self.SCHEMA
         return data
 
     @classmethod
     def from_data(cls, data: dict[str, Any]) -> DomainEvent:
+        if not isinstance(data, dict):
+            raise InvalidInput(cls.TYPE, f"event data must be an object, got {type(data).__name__}")
+        version = data.get("v", 1)
+        while isinstance(version, int) and version < cls.SCHEMA:
+            upcast = cls.UPCASTERS.get(version)
+            if upcast is None:
+                raise InvalidInput(f"{cls.TYPE}.v", f"no upcaster from schema version {version}")
+            data, version = upcast(data), version + 1
         shape = _SHAPES.get(cls) or _shape(cls)
         for name in shape.required:
             if name not in data:
                 raise InvalidInput(f"{cls.TYPE}.{name}", "missing from event data")
-        # every field is then given or defaulted, and the fields validate nothing: fill the instance's
-        # dict in one update instead of a frozen ``__init__``'s ``object.__setattr__`` per field
-        # (every read of the log, and every fold, decodes each event through here)
+        # every field is then given or defaulted, and the plain fields validate nothing: fill the
+        # instance's dict in one update instead of a frozen ``__init__``'s ``object.__setattr__`` per
+        # field (every read of the log, and every fold, decodes each event through here)
         values = dict(shape.defaults)
         names = shape.names
         values.update({k: v for k, v in data.items() if k in names})
+        for name, build in cls.VALUES.items():
+            raw = values[name]
+            if raw is not None:
+                try:
+                    values[name] = build(raw)
+                except TrackerError as exc:
+                    raise InvalidInput(f"{cls.TYPE}.{name}", exc.message) from None
         return built(cls, values)
 
 
@@ -66,48 +102,79 @@ def _shape(cls: type[DomainEvent]) -> _Shape:
 @dataclass(frozen=True)
 class SessionStarted(DomainEvent):
     TYPE: ClassVar[str] = "SessionStarted"
-    policy: dict[str, Any]
+    VALUES: ClassVar[dict[str, Callable[[Any], Any]]] = {"policy": Policy.from_data}
+    policy: Policy
     at: float = 0.0
 
 
 @dataclass(frozen=True)
-class ContextMeasured(DomainEvent):
-    TYPE: ClassVar[str] = "ContextMeasured"
-    SCHEMA: ClassVar[int] = 2  # 2: input_tokens, input_limit, calibration, rejected (version 1 folds as uncalibrated)
-    measurement: dict[str, Any]
-    occupancy_bp: int
-    pressure_before: Pressure
+class Verdict:
+    """What one measurement decided and on what levels: ``ContextMeasured`` records these fields and
+    the ``observe`` answer (:class:`tracker.core.outcome.Decision`) carries them (as ``AttemptTerms``
+    serves ``CompactionStarted`` and the state's open attempt)."""
+
+    action: Action
     pressure: Pressure
+    pressure_before: Pressure
+    occupancy_bp: int
     threshold_bp: int
     threshold_source: str
     compact_level: int
     rearm_level: int
     hard_level: int
     growth_fired: bool
-    action: Action
-    trigger: Trigger | None = None
+    trigger: Trigger | None  # threshold | hard_limit | growth (action compact), else None
+
+
+def upcast_v1_v2(data: dict[str, Any]) -> dict[str, Any]:
+    """A ``ContextMeasured`` recorded before calibration (schema 1) as schema 2: it decided on the
+    counter's raw count against the measurement's limit, uncalibrated, with no rejection known."""
+    m = data.get("measurement")
+    m = m if isinstance(m, dict) else {}
+    return {
+        "trigger": None,  # written only when set by the first writers
+        **data,
+        "input_tokens": m.get("input_tokens"),
+        "input_limit": m.get("input_limit"),
+        "calibration": None,
+        "rejected": False,
+        "v": 2,
+    }
+
+
+@dataclass(frozen=True)
+class ContextMeasured(DomainEvent, Verdict):
+    TYPE: ClassVar[str] = "ContextMeasured"
+    SCHEMA: ClassVar[int] = 2  # 2: input_tokens, input_limit, calibration, rejected (upcast_v1_v2)
+    VALUES: ClassVar[dict[str, Callable[[Any], Any]]] = {
+        "measurement": recorded_measurement,
+        "calibration": Calibration.from_data,
+    }
+    UPCASTERS: ClassVar[dict[int, Upcaster]] = {1: upcast_v1_v2}
+    measurement: Measurement
     at: float = 0.0
     # the per-request inputs as given (compaction_threshold, scope, scope_confidence, overhead_tokens),
     # kept so replay and what-if can re-decide exactly
     inputs: dict[str, Any] | None = None
-    # what the decision used beside the measurement (schema 2; None in events written before):
-    # the count decided on (the counter's ``measurement.input_tokens`` corrected by ``calibration``),
-    # the input limit (the measurement's, or a lower one learned from a provider rejection), the
-    # calibration applied (``Calibration.to_data()``) and whether the basis was rejected by the provider
+    # what the decision used beside the measurement (schema 2; a schema 1 event is upcast with the
+    # raw count and the measurement's limit): the count decided on (the counter's
+    # ``measurement.input_tokens`` corrected by ``calibration``), the input limit (the measurement's,
+    # or a lower one learned from a provider rejection), the calibration applied (None: uncorrected)
+    # and whether the basis was rejected by the provider
     input_tokens: int | None = None
     input_limit: int | None = None
-    calibration: dict[str, Any] | None = None
+    calibration: Calibration | None = None
     rejected: bool = False
 
     @property
     def decided_tokens(self) -> int:
-        """The count this measurement was decided on (the raw count in events without calibration)."""
-        return self.measurement["input_tokens"] if self.input_tokens is None else self.input_tokens
+        """The count this measurement was decided on (the raw count when none is recorded)."""
+        return self.measurement.input_tokens if self.input_tokens is None else self.input_tokens
 
     @property
     def decided_limit(self) -> int:
         """The input limit this measurement was decided against."""
-        return self.measurement["input_limit"] if self.input_limit is None else self.input_limit
+        return self.measurement.input_limit if self.input_limit is None else self.input_limit
 
 
 @dataclass(frozen=True)
@@ -260,6 +327,8 @@ _SHAPES: dict[type[DomainEvent], _Shape] = {cls: _shape(cls) for cls in EVENT_TY
 
 
 def event_from_data(type_: str, data: dict[str, Any]) -> DomainEvent:
+    """The core's own decoding of a stored event (the projector's fold); the read side's is
+    ``tracker.store.recorded.decode``. ``InvalidInput`` naming the field for data it cannot hold."""
     cls = EVENT_TYPES.get(type_)
     if cls is None:
         raise InvalidInput("type", f"unknown event type {type_!r}")

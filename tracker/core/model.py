@@ -78,6 +78,7 @@ def check_session_id(session_id: Any) -> str:
 
 MAX_SESSION_ID_LEN = 200  # a stored session id, fleet prefix included
 FLEET_ID_LEN = 10  # "f" + 9 hex digits (tracker.store.fleets draws them)
+FLEET_SEP = ":"  # a stored id's fleet ends at its first FLEET_SEP: "<fleet_id>:<session_id>"
 
 
 @dataclass(frozen=True)
@@ -94,7 +95,7 @@ class SessionScope:
 
     @property
     def prefix(self) -> str:
-        return f"{self.fleet_id}:" if self.fleet_id else ""
+        return f"{self.fleet_id}{FLEET_SEP}" if self.fleet_id else ""
 
     @property
     def max_len(self) -> int:
@@ -118,10 +119,20 @@ class SessionScope:
     def owns(self, stored: str) -> bool:
         return stored.startswith(self.prefix)
 
+    def stored_prefix(self, match: str = "") -> str | None:
+        """What the stored ids of this scope's sessions whose ids (as this scope shows them) start
+        with ``match`` start with; None: every stored id (the unscoped scope, nothing to match)."""
+        return (self.prefix + match) or None
+
     @staticmethod
     def fleet_of(stored: str) -> str:
-        """The fleet part of a stored id: the text before its first ':' ('' without one)."""
-        head, sep, _ = stored.partition(":")
+        """The fleet of a stored id: the text before its first ``FLEET_SEP`` ('' without one).
+
+        The one rule for every reader that files sessions by fleet: the calibration ledger, the
+        per-fleet policy, the gauges (``tracker.store.views.fleet_of``, the same rule in SQL) and the
+        events' ``fleet`` column (the per-fleet feed). A library id ``team:s1`` is in fleet ``team``
+        for all of them (no HTTP fleet has that id, so the gauges count it under ``none``)."""
+        head, sep, _ = stored.partition(FLEET_SEP)
         return head if sep else ""
 
 
@@ -240,6 +251,31 @@ class Measurement:
             input_limit=data["input_limit"],
             quality=data.get("quality", "exact_local"),
         )
+
+
+def recorded_measurement(data: Any) -> Measurement:
+    """A recorded measurement (a stored event's ``measurement``): as ``Measurement.to_data`` wrote
+    it, built without checking its values again (they were checked when it was recorded; every read
+    of the log decodes each measurement through here); any other shape (the first writers' rows, a
+    hand-made one) goes through ``Measurement.from_data``, which checks everything."""
+    try:
+        m = _EXPLICIT_BASIS.match(data["basis"])
+        model = data["model"]
+        if m is not None and type(model) is dict and len(data) == 6 and len(model) == 2:
+            return built(
+                Measurement,
+                {
+                    "basis": built(Basis, {"revision": int(m.group(1)), "through": m.group(2)}),
+                    "model": built(ModelRef, {"provider": model["provider"], "name": model["name"]}),
+                    "fingerprint": data["fingerprint"],
+                    "input_tokens": data["input_tokens"],
+                    "input_limit": data["input_limit"],
+                    "quality": data["quality"],
+                },
+            )
+    except (KeyError, TypeError):
+        pass
+    return Measurement.from_data(data)
 
 
 def validate_measurement_fields(input_tokens: Any, input_limit: Any, quality: Any, fingerprint: Any) -> None:

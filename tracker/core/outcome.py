@@ -12,26 +12,16 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from tracker.core import events as ev
-from tracker.core.model import Action, Basis, Pressure, Trigger, built
+from tracker.core.model import Basis, built
 from tracker.core.state import Attempt, SessionState, fold
 from tracker.errors import ContextLimitError, StaleBasis, SummaryTooLarge, TrackerError
 
 
 @dataclass(frozen=True)
-class Decision:
-    """What one measurement decided: the answer to ``observe``, and what its ``ContextMeasured`` records."""
+class Decision(ev.Verdict):
+    """What one measurement decided: the answer to ``observe``, and what its ``ContextMeasured`` records
+    (the :class:`~tracker.core.events.Verdict` fields, then the basis and the counts)."""
 
-    action: Action
-    pressure: Pressure
-    pressure_before: Pressure
-    occupancy_bp: int
-    threshold_bp: int
-    threshold_source: str
-    compact_level: int
-    rearm_level: int
-    hard_level: int
-    growth_fired: bool
-    trigger: Trigger | None
     basis: str
     revision: int
     attempt: Attempt | None = None  # the attempt opened for this caller (action == compact)
@@ -52,13 +42,14 @@ class Decision:
         basis: Basis | None = None,
     ) -> Decision:
         """The decision a recorded ``ContextMeasured`` stands for (``basis``: its measurement's, when known)."""
-        b = basis if basis is not None else Basis.parse(e.measurement["basis"], 1)
+        b = basis if basis is not None else e.measurement.basis
         recorded = e.__dict__
         values = {name: recorded[name] for name in _RECORDED}
         values["basis"], values["revision"] = str(b), b.revision
         values["attempt"], values["waiting_on"] = attempt, waiting_on
         values["input_tokens"], values["input_limit"] = e.decided_tokens, e.decided_limit
-        values["counted_tokens"] = e.measurement["input_tokens"]
+        values["counted_tokens"] = e.measurement.input_tokens
+        values["calibration"] = None if e.calibration is None else e.calibration.to_data()
         return built(cls, values)
 
     @classmethod

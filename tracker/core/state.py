@@ -182,17 +182,15 @@ def apply(state: SessionState, event: ev.DomainEvent) -> SessionState:
     base = {"version": state.version + 1, "counts": _bump(state.counts, event.TYPE)}
     if isinstance(event, ev.ContextMeasured):
         m = event.measurement
-        basis = m["basis"]
-        revision = int(str(basis)[1:].split(":", 1)[0])
+        basis = str(m.basis)
         used, limit = event.decided_tokens, event.decided_limit
-        model = m["model"]["name"] if isinstance(m.get("model"), dict) else "unknown"
         entry = built(
             MeasuredBasis,
             {
                 "basis": basis,
-                "model": model,
-                "quality": m.get("quality", "exact_local"),
-                "counted_tokens": m["input_tokens"],
+                "model": m.model.name,
+                "quality": m.quality,
+                "counted_tokens": m.input_tokens,
                 "input_limit": limit,
             },
         )
@@ -204,8 +202,8 @@ def apply(state: SessionState, event: ev.DomainEvent) -> SessionState:
             last=built(
                 LastMeasurement,
                 {
-                    "basis": m["basis"],
-                    "revision": revision,
+                    "basis": basis,
+                    "revision": m.basis.revision,
                     "input_tokens": used,
                     "input_limit": limit,
                     "occupancy_bp": event.occupancy_bp,
@@ -217,7 +215,7 @@ def apply(state: SessionState, event: ev.DomainEvent) -> SessionState:
         return _evolve(state, base)
     s = _evolve(state, base)
     if isinstance(event, ev.SessionStarted):
-        return replace(s, policy=Policy.from_data(event.policy))
+        return replace(s, policy=event.policy)
     if isinstance(event, ev.CompactionStarted):
         attempt = Attempt.from_started(event)
         return replace(

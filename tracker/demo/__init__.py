@@ -20,6 +20,7 @@ from typing import Any
 
 from tracker.bootstrap import build_store, build_tracker
 from tracker.core import Basis, SessionProjector
+from tracker.core import events as ev
 from tracker.demo.agent import Agent
 from tracker.errors import ContextLimitError, CountError
 from tracker.queries import session_state
@@ -208,17 +209,17 @@ def _summaries(settings: Settings, outcomes: dict[str, str]) -> list[dict[str, A
         for sid, outcome in sorted(outcomes.items()):
             st = session_state(store, sid)
             c = st.counts
-            committed = c.get("CompactionCommitted", 0)
+            committed = c.get(ev.CompactionCommitted.TYPE, 0)
             rows.append(
                 {
                     "session_id": sid,
                     "events": st.version,
-                    "measurements": c.get("ContextMeasured", 0),
+                    "measurements": c.get(ev.ContextMeasured.TYPE, 0),
                     "revision": st.revision,
                     "compactions_committed": committed,
-                    "compactions_rejected": c.get("CompactionRejected", 0),
-                    "count_failures": c.get("CountFailed", 0),
-                    "context_limit_errors": c.get("ContextLimitReached", 0),
+                    "compactions_rejected": c.get(ev.CompactionRejected.TYPE, 0),
+                    "count_failures": c.get(ev.CountFailed.TYPE, 0),
+                    "context_limit_errors": c.get(ev.ContextLimitReached.TYPE, 0),
                     "pressure": st.pressure,
                     "tokens_now": st.last.input_tokens if st.last else None,
                     "input_limit": st.last.input_limit if st.last else None,

@@ -287,8 +287,7 @@ def list_sessions(
         since=since,
         limit=limit,
         cursor=cursor,
-        prefix=caller.prefix,
-        external=caller.external,
+        scope=caller,
     )
     return {"sessions": page.sessions, "next_cursor": page.next_cursor}
 
@@ -298,7 +297,7 @@ def session_state(request: Request, session_id: str = SessionPath) -> dict[str, 
     """The session's state: the fold of its log (pressure, revision, open attempts, last measurement)."""
     runtime, caller = runtime_of(request), caller_of(request)
     # the primary, never the read replica: agents build their next basis on this state (read their writes)
-    state = queries.session_state(runtime.tracker().store, caller.internal(session_id))
+    state = queries.session_state(runtime.tracker().store, session_id, scope=caller)
     if state.version == 0:
         raise UnknownSession(f"no session {session_id}", session_id=session_id)
     return _state_out(caller, state)
@@ -313,9 +312,7 @@ def session_history(
 ) -> dict[str, Any]:
     """The session's events from ``from_version``, at most ``limit``; page with ``next_from_version``."""
     runtime, caller = runtime_of(request), caller_of(request)
-    page = queries.history_page(
-        runtime.store(), caller.internal(session_id), from_version, limit, external=caller.external
-    )
+    page = queries.history_page(runtime.store(), session_id, from_version, limit, scope=caller)
     return {
         "session_id": session_id,
         "events": page.events,
@@ -405,7 +402,7 @@ def events_feed(
     """This fleet's events in global commit order, after position ``after``. Resume with ``next_after``:
     a reader paging this way never misses an event that commits later with a lower position."""
     runtime, caller = runtime_of(request), caller_of(request)
-    page = queries.feed_page(runtime.store(), after, limit, prefix=caller.prefix, external=caller.external)
+    page = queries.feed_page(runtime.store(), after, limit, scope=caller)
     return {"events": page.events, "next_after": page.resume, "has_more": page.has_more}
 
 

@@ -2,7 +2,8 @@
 
     from tracker.store import open_store, NewEvent
     store = open_store("sqlite:///tracker.db", projector=SessionProjector())
-    store.append("s1", 0, [NewEvent("SessionStarted", {...})])
+    started = SessionStarted(policy=Policy())
+    store.append("s1", 0, [NewEvent(started.TYPE, started.to_data())])
 
 Backends: SQLite (a file) and PostgreSQL (psycopg 3). The schema is managed by
 Alembic (``tracker.store.migrate.upgrade(url)`` / ``tracker db upgrade``);

@@ -206,9 +206,10 @@ class SessionViews(Protocol):
         the previous page's last row (keyset paging: the rows that come after it in this order)."""
         ...
 
-    def session_summary(self, namespace_len: int) -> dict[str, Any]:
-        """Sessions and open attempts by id namespace and pressure, and the oldest open attempt's
-        ``opened_at`` per namespace (the gauges of ``tracker.queries.fleet_gauges``)."""
+    def session_summary(self) -> dict[str, Any]:
+        """Sessions and open attempts by fleet (``SessionScope.fleet_of`` the session id) and
+        pressure, and the oldest open attempt's ``opened_at`` per fleet (the gauges of
+        ``tracker.queries.fleet_gauges``)."""
         ...
 
     def feed_held(self) -> tuple[int, datetime | None]:

@@ -9,10 +9,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tracker.core.calibration import Calibration, apply
-from tracker.core.events import ContextMeasured, event_from_data
+from tracker.core.calibration import apply
+from tracker.core.events import ContextMeasured
 from tracker.errors import TrackerError
 from tracker.store.base import PROJECTION_COLUMNS, EventStore, Projector
+from tracker.store.decoding import event_of
 
 __all__ = ["verify_decisions", "verify_projections"]
 
@@ -66,15 +67,10 @@ def verify_projections(store: EventStore, projector: Projector) -> list[dict[str
 
 def _decision_diff(e: ContextMeasured) -> tuple[str, Any, Any] | None:
     """(field, recorded, expected) when a measurement's decision contradicts its own record, else None."""
-    m = e.measurement
-    raw, limit = m["input_tokens"], m["input_limit"]
-    if e.input_tokens is None:  # recorded before calibration: decided on the raw count
+    raw, limit = e.measurement.input_tokens, e.measurement.input_limit
+    if e.input_tokens is None:  # no decided count recorded: decided on the raw count
         return None
-    try:
-        calibration = Calibration.from_data(e.calibration) if e.calibration is not None else None
-    except TrackerError as exc:
-        return "calibration", e.calibration, f"a calibration ({exc})"
-    expected = apply(raw, calibration)
+    expected = apply(raw, e.calibration)
     if e.input_tokens != expected:
         return "input_tokens", e.input_tokens, expected
     if e.input_limit is not None and not 0 < e.input_limit <= limit:
@@ -90,10 +86,10 @@ def verify_decisions(store: EventStore) -> list[dict[str, Any]]:
     diffs: list[dict[str, Any]] = []
     position = 0
     while True:
-        batch = store.read_all(position, BATCH, types=["ContextMeasured"])
+        batch = store.read_all(position, BATCH, types=[ContextMeasured.TYPE])
         for stored in batch:
             try:
-                event = event_from_data(stored.type, stored.data)
+                event = event_of(stored)
             except TrackerError as exc:
                 diffs.append(
                     {

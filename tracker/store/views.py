@@ -20,11 +20,11 @@ from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import and_, case, func, or_, select, text
+from sqlalchemy import ColumnElement, and_, case, func, or_, select, text
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.sql import Select
 
-from tracker.core.model import FLEET_ID_LEN
+from tracker.core.model import FLEET_SEP, SessionScope
 from tracker.store import validate
 from tracker.store.base import StoredEvent
 from tracker.store.errors import run_core
@@ -46,6 +46,13 @@ _FEED_HELD = text(
     "SELECT count(*), min(recorded_at) FROM events WHERE position > coalesce(("
     f"SELECT max(position) FROM events WHERE {FEED_WATERMARK}), 0)"
 )
+
+
+def fleet_of(session_id: ColumnElement[str], dialect: str) -> ColumnElement[str]:
+    """:meth:`SessionScope.fleet_of` in SQL (the one rule, written for the database to group by):
+    the text before the first ``FLEET_SEP`` of a session id, ``''`` without one."""
+    at = func.strpos(session_id, FLEET_SEP) if dialect == "postgresql" else func.instr(session_id, FLEET_SEP)
+    return case((at > 0, func.substr(session_id, 1, at - 1)), else_="")
 
 
 def _upto(to_version: int | None) -> list[Any]:
@@ -98,20 +105,15 @@ class SqlSessionViews:
 
     # -- gauges (tracker.queries.fleet_gauges, at scrape time) ------------------------------------
 
-    def session_summary(self, namespace_len: int = FLEET_ID_LEN) -> dict[str, Any]:
+    def session_summary(self) -> dict[str, Any]:
         """Where the sessions stand, in two grouped reads of the projection (no state is parsed
-        except of sessions with an attempt open): ``{"pressure": [(namespace, pressure, sessions,
-        open_attempts)], "oldest_open": [(namespace, opened_at)]}``. ``namespace`` is the session
-        id's first ``namespace_len`` characters when a ``:`` follows them, else ``""``: with the
-        default (``tracker.core.model.FLEET_ID_LEN``), the ``SessionScope.fleet_of`` of a fleet's
-        session, and ``""`` for every id outside a fleet.
+        except of sessions with an attempt open): ``{"pressure": [(fleet, pressure, sessions,
+        open_attempts)], "oldest_open": [(fleet, opened_at)]}``. ``fleet`` is the session id's
+        ``SessionScope.fleet_of`` (grouped in SQL by :func:`fleet_of`, the same rule), the fleet
+        calibration and the per-fleet feed file the session's events under.
         """
-        validate.check_count("namespace_len", namespace_len, 1, 200)
         s = sessions_t.c
-        ns = case(
-            (func.substr(s.session_id, namespace_len + 1, 1) == ":", func.substr(s.session_id, 1, namespace_len)),
-            else_="",
-        ).label("ns")
+        ns = fleet_of(s.session_id, self._engine.dialect.name).label("ns")
         grouped = select(ns, s.pressure, func.count(), func.coalesce(func.sum(s.open_attempts), 0)).group_by(
             ns, s.pressure
         )
@@ -126,7 +128,7 @@ class SqlSessionViews:
                 times = [t for t in times if isinstance(t, int | float)]
                 if not times:
                     continue
-                key = sid[:namespace_len] if sid[namespace_len : namespace_len + 1] == ":" else ""
+                key = SessionScope.fleet_of(sid)
                 oldest[key] = min(oldest.get(key, min(times)), min(times))
             return {"pressure": rows, "oldest_open": sorted(oldest.items())}
 

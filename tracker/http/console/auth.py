@@ -46,11 +46,6 @@ class Viewer:
     def fleet_id(self) -> str | None:
         return self.scope.fleet_id
 
-    @property
-    def prefix(self) -> str | None:
-        """The stored ids' prefix of the viewer's fleet (None: every fleet)."""
-        return self.scope.prefix or None
-
     def internal(self, session_id: str) -> str:
         """The stored id of a session id as the viewer names it (``InvalidSessionId`` if it cannot be one)."""
         return self.scope.internal(session_id)

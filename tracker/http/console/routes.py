@@ -68,10 +68,8 @@ def _to_signin() -> RedirectResponse:
 
 
 def _error_page(request: Request, viewer: Viewer | None, exc: TrackerError) -> HTMLResponse:
-    message = exc.message
-    if viewer is not None and viewer.prefix:
-        message = message.replace(viewer.prefix, "")
-    return _page(request, "error.html.j2", status=status_for(exc), viewer=viewer, code=exc.code, message=message)
+    # the read side names sessions by the viewer's ids (queries take the viewer's scope)
+    return _page(request, "error.html.j2", status=status_for(exc), viewer=viewer, code=exc.code, message=exc.message)
 
 
 def _json_error(exc: TrackerError, message: str | None = None) -> JSONResponse:
@@ -190,7 +188,7 @@ def _session_for_download(request: Request, session_id: str) -> tuple[Viewer, Ev
     store = _store(request)
     try:
         sid = viewer.internal(session_id)
-        queries.require_session(store, sid, name=session_id)
+        queries.require_session(store, session_id, scope=viewer.scope)
     except TrackerError as exc:
         return _json_error(exc)
     return viewer, store, sid
@@ -205,9 +203,9 @@ def history_json(request: Request, session_id: str, from_version: int = 1, limit
     if not 1 <= limit <= 1000 or from_version < 1:
         return JSONResponse({"code": "invalid_input", "message": "limit 1-1000, from_version >= 1"}, status_code=422)
     try:
-        page = queries.history_page(store, sid, from_version, limit, external=viewer.external)
+        page = queries.history_page(store, session_id, from_version, limit, scope=viewer.scope)
     except UnknownSession as exc:
-        return _json_error(exc, f"no session {session_id}")
+        return _json_error(exc)
     return JSONResponse(
         {"session_id": session_id, "events": page.events, "next_from_version": page.next},
         headers={"Cache-Control": "no-store"},
@@ -236,8 +234,8 @@ def _session_file(path: str) -> Callable[[SessionFile], SessionFile]:
 @_session_file("/sessions/{session_id}/export.jsonl")
 def export_jsonl(request: Request, session_id: str, viewer: Viewer, store: EventStore, sid: str) -> Response:
     def lines() -> Iterator[bytes]:
-        for e in queries.read_history(store, sid):
-            yield (json.dumps(queries.event_to_dict(e, external=viewer.external)) + "\n").encode()
+        for e in queries.read_history(store, session_id, scope=viewer.scope):
+            yield (json.dumps(queries.event_to_dict(e, scope=viewer.scope)) + "\n").encode()
 
     return StreamingResponse(lines(), media_type="application/x-ndjson", headers={"Cache-Control": "no-store"})
 

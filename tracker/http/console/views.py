@@ -17,8 +17,9 @@ from typing import Any
 
 from tracker import queries
 from tracker._lru import LRU
-from tracker.audit.builder import Attempt, Story, build_story
+from tracker.audit.builder import build_story
 from tracker.audit.format import summary
+from tracker.audit.model import Attempt, Story
 from tracker.audit.pages import session_context
 from tracker.audit.replay import whatif_rows
 from tracker.audit.story import read_story
@@ -57,8 +58,13 @@ Row = tuple[int, str, str, str]  # an event table's row: version, recorded at, t
 STORIES: LRU[tuple[int, str, int], Story] = LRU(8)
 
 
+def shown_url(shown: str) -> str:
+    """The console's page of a session, by the id its viewer knows it by."""
+    return f"{PREFIX}/sessions/{urllib.parse.quote(shown, safe=':')}"
+
+
 def session_url(viewer: Viewer, stored_id: str) -> str:
-    return f"{PREFIX}/sessions/{urllib.parse.quote(viewer.external(stored_id), safe=':')}"
+    return shown_url(viewer.external(stored_id))
 
 
 def parse_int(value: str, name: str, default: int, low: int, high: int) -> int:
@@ -98,14 +104,13 @@ def overview(
         raise InvalidInput("since", f"must be one of {', '.join(SINCE)}, got {since!r}")
     if q:
         check_session_id(q)
-    base = viewer.prefix
     now = datetime.now(UTC)
     active_since = now - SINCE[since] if since else None
-    prefix = f"{base or ''}{q}" or None
+    scope = viewer.scope  # the rows' ids are the viewer's
     rows = queries.list_sessions(
-        views, pressure=pressure or None, since=active_since, prefix=prefix, limit=OVERVIEW_ROWS
+        views, pressure=pressure or None, since=active_since, match=q, limit=OVERVIEW_ROWS, scope=scope
     )
-    everyone = queries.list_sessions(views, since=active_since, prefix=base, limit=OVERVIEW_ALL)
+    everyone = queries.list_sessions(views, since=active_since, limit=OVERVIEW_ALL, scope=scope)
     by_pressure = {p: 0 for p in PRESSURES}
     for r in everyone:
         if r.get("pressure") in by_pressure:
@@ -115,12 +120,12 @@ def overview(
     show_fleet = viewer.kind != "fleet"
 
     def row(r: dict[str, Any]) -> dict[str, Any]:
-        sid = r["session_id"]
-        fleet = viewer.scope.fleet_of(sid)
+        shown = r["session_id"]
+        fleet = scope.fleet_of(scope.internal(shown))
         return {
             **r,
-            "shown": viewer.external(sid),
-            "url": session_url(viewer, sid),
+            "shown": shown,
+            "url": shown_url(shown),
             "fleet": fleet_names.get(fleet, fleet) if show_fleet else "",
         }
 
@@ -158,7 +163,7 @@ def calibration_rows(store: EventStore, viewer: Viewer, fleet_names: dict[str, s
     fleet (``tracker.calibrations.ledger_of``; an operator's: every fleet's), as ``ModelSummary.to_data``
     plus the fleet's name."""
     rows = []
-    for model in ledger_of(store, fleet_prefix=viewer.prefix).summaries():
+    for model in ledger_of(store, scope=viewer.scope).summaries():
         row = model.to_data()
         row["fleet_name"] = fleet_names.get(model.fleet, model.fleet) if viewer.kind != "fleet" else ""
         rows.append(row)
@@ -174,14 +179,15 @@ def _recent(
     attempts: dict[tuple[str, str], dict[str, Any]] = {}
     failures: list[tuple[datetime, str]] = []
     for r in rows:
-        sid, version = r["session_id"], r["version"]
+        shown, version = r["session_id"], r["version"]
+        sid = viewer.internal(shown)
         for rec in decode_all(views.read_types(sid, RECENT_TYPES, max(1, version - RECENT_EVENTS + 1))):
             match rec.event:
                 case CompactionStarted() as e:
                     attempts[(sid, e.attempt_id)] = {
-                        "session": viewer.external(sid),
-                        "url": f"{session_url(viewer, sid)}/attempts/{urllib.parse.quote(e.attempt_id)}",
-                        "session_url": session_url(viewer, sid),
+                        "session": shown,
+                        "url": f"{shown_url(shown)}/attempts/{urllib.parse.quote(e.attempt_id)}",
+                        "session_url": shown_url(shown),
                         "attempt_id": e.attempt_id,
                         "reason": e.reason,
                         "basis": e.basis,
@@ -232,7 +238,7 @@ def session_page(
 ) -> dict[str, Any]:
     """The session page's context: the story (``session_context``) and ``page`` (links, events, what-if)."""
     sid = viewer.internal(session_id)
-    version = queries.require_session(store, sid, name=session_id)
+    version = queries.require_session(store, session_id, scope=viewer.scope)
     kind = qp.get("type", "")
     if kind and kind not in EVENT_TYPES:
         raise InvalidInput("type", f"must be one of {', '.join(EVENT_TYPES)}, got {kind!r}")
@@ -298,7 +304,7 @@ def recorded_policy(views: SessionViews, sid: str) -> Policy:
     """The policy the session started with (its first event), or the default policy."""
     first = views.read_versions(sid, [1])
     event = decode(first[0]).event if first else None
-    return Policy.from_data(event.policy) if isinstance(event, SessionStarted) else Policy()
+    return event.policy if isinstance(event, SessionStarted) else Policy()
 
 
 def whatif_form(views: SessionViews, sid: str) -> dict[str, Any]:
@@ -384,7 +390,7 @@ def attempt_page(
 ) -> dict[str, Any]:
     """The attempt page's context: the attempt and the events around it; ``UnknownAttempt`` if there is none."""
     sid = viewer.internal(session_id)
-    queries.require_session(store, sid, name=session_id)
+    queries.require_session(store, session_id, scope=viewer.scope)
     found = find_attempt(store, views, sid, attempt_id)
     if found is None:
         raise UnknownAttempt(f"no attempt {attempt_id} in session {session_id}", attempt_id=attempt_id)
