@@ -118,6 +118,11 @@ class SessionScope:
     def owns(self, stored: str) -> bool:
         return stored.startswith(self.prefix)
 
+    def start_policy(self) -> Any:
+        """The ``Policy`` this scope's new sessions start with; None: the Tracker's (a fleet's caller
+        says its fleet's: ``tracker.http.runtime.Caller``). (``Any``: policy.py builds on this module.)"""
+        return None
+
     @staticmethod
     def fleet_of(stored: str) -> str:
         """The fleet part of a stored id: the text before its first ':' ('' without one)."""

@@ -3,8 +3,8 @@
 :class:`Runtime` builds everything from the process's typed ``Settings`` on first need, so
 the server starts (and ``/readyz`` says why) while the database is down or unmigrated.
 What the commands decide is counted by the Tracker's own metrics hook (``tracker.metrics``,
-on this app's registry), as for any library call; the routes issue commands through
-:class:`Commands` and never count a decision themselves. The HTTP metrics (requests, latency,
+on this app's registry), as for any library call; the routes run the Tracker's commands for the
+:class:`Caller` (``Tracker.run``) and never count a decision themselves. The HTTP metrics (requests, latency,
 error codes) are counted here and in the middleware.
 
 With ``TRACKER_READ_DATABASE_URL`` the read side -- ``store()`` and ``views()``: history, the
@@ -21,7 +21,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from tracker.core.model import SessionScope
@@ -32,10 +32,8 @@ from tracker.metrics import decision_metrics
 from tracker.settings import Settings
 
 if TYPE_CHECKING:  # pragma: no cover
-    from tracker.core import Attempt, Policy, SessionState
-    from tracker.core.ledger import ModelSummary
-    from tracker.core.reports import Report
-    from tracker.service import Result, Tracker
+    from tracker.core import Policy
+    from tracker.service import Tracker
     from tracker.store.base import EventStore, SessionViews
     from tracker.store.fleets import FleetStore
     from tracker.store.replica import LagProbe, ReplicaLag
@@ -230,56 +228,20 @@ class ReplicaGauges(_ScrapedGauges["ReplicaLag"]):
         )
 
 
-class Commands:
-    """The Tracker's commands as the routes issue them (what they record is counted by its hooks).
-
-    ``policy_of(fleet_id)``: the policy a fleet's new sessions start with (None: the Tracker's),
-    passed to the two commands that may start a session."""
-
-    def __init__(self, tracker: Tracker, policy_of: Callable[[str], Policy | None] | None = None) -> None:
-        self._tracker = tracker
-        self._policy_of = policy_of or (lambda fleet_id: None)
-
-    def observe(self, session_id: str, **kwargs: Any) -> Result:
-        policy = self._policy_of(SessionScope.fleet_of(session_id))
-        return self._tracker.observe(session_id, policy=policy, **kwargs)
-
-    def request_compaction(self, session_id: str, **kwargs: Any) -> Attempt:
-        policy = self._policy_of(SessionScope.fleet_of(session_id))
-        return self._tracker.request_compaction(session_id, policy=policy, **kwargs)
-
-    def commit(
-        self, session_id: str, attempt_id: str, fencing_token: int, tokens_after: int, **kwargs: Any
-    ) -> SessionState:
-        return self._tracker.commit(session_id, attempt_id, fencing_token, tokens_after, **kwargs)
-
-    def reject(
-        self, session_id: str, attempt_id: str, fencing_token: int, reject_reason: str, **kwargs: Any
-    ) -> SessionState:
-        return self._tracker.reject(session_id, attempt_id, fencing_token, reject_reason, **kwargs)
-
-    def wait(self, session_id: str, attempt_id: str, **kwargs: Any) -> str:
-        return self._tracker.wait(session_id, attempt_id, **kwargs)
-
-    def report_usage(self, session_id: str, **kwargs: Any) -> Report:
-        return self._tracker.report_usage(session_id, **kwargs)
-
-    def report_rejection(self, session_id: str, **kwargs: Any) -> Report:
-        return self._tracker.report_rejection(session_id, **kwargs)
-
-    def calibration(self, fleet_id: str) -> list[ModelSummary]:
-        """What calibration knows of ``fleet_id``'s models (only its own sessions' reports)."""
-        return self._tracker.calibration(fleet_id)
-
-
 # -- the caller ---------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class Caller(SessionScope):
-    """The authenticated fleet: its ``SessionScope`` (sessions stored as ``"<fleet_id>:<session_id>"``)."""
+    """The authenticated fleet: its ``SessionScope`` (sessions stored as ``"<fleet_id>:<session_id>"``)
+    and the policy its new sessions start with (``policies(fleet_id)``, looked up when a command may
+    start a session, in the thread that runs it: None, or no lookup, is the Tracker's)."""
 
     fleet_id: str
+    policies: Callable[[str], Policy | None] | None = field(default=None, compare=False, repr=False)
+
+    def start_policy(self) -> Policy | None:
+        return self.policies(self.fleet_id) if self.policies is not None else None
 
 
 # -- the runtime --------------------------------------------------------------------------------
@@ -298,7 +260,6 @@ class Runtime:
         self.metrics.watch(self)
         self._tracker = tracker
         self._owned = tracker is None
-        self._commands: Commands | None = None
         self._fleets: FleetStore | None = None
         self._views: SessionViews | None = None
         self._primary_views: SessionViews | None = None
@@ -333,12 +294,6 @@ class Runtime:
 
             t = self._once("_tracker", build)
         return t
-
-    def commands(self) -> Commands:
-        c = self._commands
-        if c is None:
-            c = self._commands = Commands(self.tracker(), self.fleet_policy)
-        return c
 
     def fleet_policy(self, fleet_id: str) -> Policy | None:
         """The policy ``fleet_id``'s new sessions start with; None: the Tracker's (cached, ``FleetStore.policy_of``)."""
@@ -474,7 +429,6 @@ class Runtime:
         if self._owned and self._tracker is not None:
             self._tracker.close()
             self._tracker = None
-            self._commands = None
         if self._redis is not None:
             try:
                 self._redis.close()
