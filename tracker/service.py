@@ -44,19 +44,7 @@ from tracker.core import (
     decide_reject,
     expire_leases,
 )
-from tracker.core.commands import (
-    Calibration,
-    Command,
-    Commit,
-    History,
-    Observe,
-    Reject,
-    ReportRejection,
-    ReportUsage,
-    RequestCompaction,
-    State,
-    Wait,
-)
+from tracker.core import commands as cmd
 from tracker.core.decide import Result
 from tracker.core.events import ProviderRejected, UsageReported
 from tracker.core.model import SessionScope
@@ -65,6 +53,7 @@ from tracker.core.reports import Report, decide_rejection, decide_usage, same_re
 from tracker.errors import CountError, IntegrityError, InvalidInput, ManualAttemptOpen, UnknownAttempt, WaitTimeout
 from tracker.hooks import Hooks, TrackerHooks
 from tracker.idempotent import recorded_answer, same_request
+from tracker.protocol import TrackerProtocol
 from tracker.recording import SessionWriter
 from tracker.settings import Settings
 from tracker.store.base import EventStore, StoredEvent
@@ -74,8 +63,10 @@ R = TypeVar("R")
 UNSCOPED = SessionScope()
 
 
-class Tracker:
-    """The public entry point (the README). Build one per process with ``Tracker.from_settings()``."""
+class Tracker(TrackerProtocol):
+    """The public entry point (the README). Build one per process with ``Tracker.from_settings()``.
+
+    ``commit``, ``reject`` and ``state`` are ``TrackerProtocol``'s own (they build their command and ``run`` it)."""
 
     def __init__(
         self,
@@ -142,10 +133,10 @@ class Tracker:
         self.close()
 
     # -- the one way in ------------------------------------------------------------------------
-    def run(self, command: Command[R], scope: SessionScope = UNSCOPED) -> R:
+    def run(self, command: cmd.Command[R], scope: SessionScope = UNSCOPED) -> R:
         """Execute ``command`` (already validated) for ``scope``: its session id is mapped into the
         scope here, once, and the hooks' ``command`` / ``after_command`` wrap the writes and ``wait``."""
-        if isinstance(command, Calibration):
+        if isinstance(command, cmd.Calibration):
             return self.calibrations.summaries(command.fleet if scope.fleet_id is None else scope.fleet_id)  # type: ignore[return-value]
         session_id = scope.internal(command.session_id)
         execute = _EXECUTE[type(command)]
@@ -178,7 +169,7 @@ class Tracker:
         failures *after* recording them; bad input raises before anything is written.
         ``policy``: the one a *new* session starts with (default: this Tracker's; a started session keeps its own)."""
         given = {k: v for k, v in locals().items() if k != "self"}  # the parameters are the command's fields
-        return self.run(Observe(**given))
+        return self.run(cmd.Observe(**given))
 
     def request_compaction(
         self,
@@ -191,30 +182,9 @@ class Tracker:
     ) -> Attempt:
         """Open a manual attempt (regardless of pressure; at most one manual attempt open).
         ``policy``: the one a *new* session starts with (default: this Tracker's)."""
-        return self.run(RequestCompaction(session_id, basis, overhead_tokens, idempotency_key, policy))
-
-    def commit(
-        self,
-        session_id: str,
-        attempt_id: str,
-        fencing_token: int,
-        tokens_after: int,
-        idempotency_key: str | None = None,
-    ) -> SessionState:
-        """Record the attempt's compaction: the session's history is now ``tokens_after`` tokens."""
-        return self.run(Commit(session_id, attempt_id, fencing_token, tokens_after, idempotency_key))
-
-    def reject(
-        self,
-        session_id: str,
-        attempt_id: str,
-        fencing_token: int,
-        reject_reason: str,
-        idempotency_key: str | None = None,
-    ) -> SessionState:
-        """Record that the attempt's holder gave up (``reject_reason``): the session's pressure is
-        unchanged and a later observe decides again."""
-        return self.run(Reject(session_id, attempt_id, fencing_token, reject_reason, idempotency_key))
+        return self.run(
+            cmd.RequestCompaction(session_id, basis, overhead_tokens, policy, idempotency_key=idempotency_key)
+        )
 
     def wait(self, session_id: str, attempt_id: str, timeout: float = 30.0, poll_s: float = 0.05) -> str:
         """Block until the attempt ends; returns 'committed' or 'rejected:<reason>'.
@@ -222,13 +192,10 @@ class Tracker:
         Raises ``WaitTimeout``. An attempt past its lease is recorded as
         ``lease_expired`` here, so a waiter never waits on a dead holder.
         """
-        return self.run(Wait(session_id, attempt_id, timeout, poll_s))
-
-    def state(self, session_id: str) -> SessionState:
-        return self.run(State(session_id))
+        return self.run(cmd.Wait(session_id, attempt_id, timeout, poll_s))
 
     def history(self, session_id: str, from_version: int = 1) -> Iterator[StoredEvent]:
-        return self.run(History(session_id, from_version))
+        return self.run(cmd.History(session_id, from_version))
 
     def report_usage(
         self,
@@ -247,7 +214,7 @@ class Tracker:
         this session measured (a bare one: at the current revision); ``model``, when given, must be
         the measured one. Bad input raises ``InvalidInput`` naming the field and writes nothing."""
         given = {k: v for k, v in locals().items() if k != "self"}
-        return self.run(ReportUsage(**given))
+        return self.run(cmd.ReportUsage(**given))
 
     def report_rejection(
         self,
@@ -266,11 +233,11 @@ class Tracker:
         hard limit (compact if an automatic attempt is eligible, else ``ContextLimitError``), the
         numbers are a calibration sample, and a lower limit is learned for the model."""
         given = {k: v for k, v in locals().items() if k != "self"}
-        return self.run(ReportRejection(**given))
+        return self.run(cmd.ReportRejection(**given))
 
     def calibration(self, fleet: str | None = None) -> list[Any]:
         """What calibration knows, per (fleet, model, counter): ``ModelSummary`` rows folded from the log."""
-        return self.run(Calibration(fleet))
+        return self.run(cmd.Calibration(fleet))
 
     # -- what each command does, on the stored id of its session --------------------------------
     def _start_policy(self, policy: Policy | None, scope: SessionScope) -> Policy:
@@ -279,7 +246,7 @@ class Tracker:
             return policy
         return scope.start_policy() or self.policy
 
-    def _observe(self, c: Observe, session_id: str, scope: SessionScope) -> Result:
+    def _observe(self, c: cmd.Observe, session_id: str, scope: SessionScope) -> Result:
         default = self._start_policy(c.policy, scope)
         key = c.idempotency_key
         if key is not None:  # a retry: the original answer, before any (re)counting
@@ -319,7 +286,7 @@ class Tracker:
         )
         return Result(session_id=session_id, version=version, decision=_decision(outcome, session_id))
 
-    def _count(self, c: Observe, session_id: str, default: Policy) -> Measurement:
+    def _count(self, c: cmd.Observe, session_id: str, default: Policy) -> Measurement:
         """Count ``c.request`` under the session's policy (fixed when it started); a count failure is
         recorded (``CountFailed``), then raised."""
         if self.counting is None:
@@ -344,10 +311,10 @@ class Tracker:
             self._record(session_id, failed, c.idempotency_key)
             raise
 
-    def _report(self, c: ReportUsage | ReportRejection, session_id: str, scope: SessionScope) -> Report:
+    def _report(self, c: cmd.ReportUsage | cmd.ReportRejection, session_id: str, scope: SessionScope) -> Report:
         """A usage report or a rejection: ``decide(state, now=..., **given)`` recorded, then noted by calibration."""
         decide: Callable[..., Outcome]
-        op, decide = ("usage", decide_usage) if isinstance(c, ReportUsage) else ("rejection", decide_rejection)
+        op, decide = ("usage", decide_usage) if isinstance(c, cmd.ReportUsage) else ("rejection", decide_rejection)
         given, key = c.given(), c.idempotency_key
         outcome, version = self._record(session_id, lambda st: decide(st, now=self.clock(), **given), key, op=op)
         event: Any = next(e for e in outcome.events if isinstance(e, (UsageReported, ProviderRejected)))
@@ -358,7 +325,7 @@ class Tracker:
         self.calibrations.note(session_id, version, event)
         return Report(session_id=session_id, version=version, event=event)
 
-    def _request_compaction(self, c: RequestCompaction, session_id: str, scope: SessionScope) -> Attempt:
+    def _request_compaction(self, c: cmd.RequestCompaction, session_id: str, scope: SessionScope) -> Attempt:
         start_policy = self._start_policy(c.policy, scope)
         outcome, _ = self._record_opening(
             session_id,
@@ -376,9 +343,9 @@ class Tracker:
             raise ManualAttemptOpen("a manual attempt was already open when this call was first made")
         return outcome.attempt
 
-    def _end_attempt(self, c: Commit | Reject, session_id: str, scope: SessionScope) -> SessionState:
+    def _end_attempt(self, c: cmd.Commit | cmd.Reject, session_id: str, scope: SessionScope) -> SessionState:
         """A commit or a reject: ``end(state, now=...)`` recorded, its refusal raised after it."""
-        if isinstance(c, Commit):
+        if isinstance(c, cmd.Commit):
             op, end = "commit", functools.partial(decide_commit, tokens_after=c.tokens_after)
         else:
             op, end = "reject", functools.partial(decide_reject, reject_reason=c.reject_reason)
@@ -410,7 +377,7 @@ class Tracker:
             raise outcome.error
         return outcome, version
 
-    def _wait(self, c: Wait, session_id: str, scope: SessionScope) -> str:
+    def _wait(self, c: cmd.Wait, session_id: str, scope: SessionScope) -> str:
         deadline = time.monotonic() + c.timeout
         while True:
             outcome, _ = self.attempt_status(session_id, c.attempt_id)
@@ -420,10 +387,10 @@ class Tracker:
                 raise WaitTimeout(f"attempt {c.attempt_id} still open after {c.timeout}s", attempt_id=c.attempt_id)
             time.sleep(c.poll_s)
 
-    def _state(self, c: State, session_id: str, scope: SessionScope) -> SessionState:
+    def _state(self, c: cmd.State, session_id: str, scope: SessionScope) -> SessionState:
         return self._writer.load(session_id)
 
-    def _history(self, c: History, session_id: str, scope: SessionScope) -> Iterator[StoredEvent]:
+    def _history(self, c: cmd.History, session_id: str, scope: SessionScope) -> Iterator[StoredEvent]:
         return self.store.read_stream(session_id, c.from_version)
 
     # -- attempts, by stored id (``wait`` polls these; the HTTP API's long-poll awaits them) ------
@@ -457,15 +424,15 @@ class Tracker:
 
 #: what running each command does (``Tracker.run``)
 _EXECUTE: dict[type, Callable[[Tracker, Any, str, SessionScope], Any]] = {
-    Observe: Tracker._observe,
-    RequestCompaction: Tracker._request_compaction,
-    Commit: Tracker._end_attempt,
-    Reject: Tracker._end_attempt,
-    Wait: Tracker._wait,
-    ReportUsage: Tracker._report,
-    ReportRejection: Tracker._report,
-    State: Tracker._state,
-    History: Tracker._history,
+    cmd.Observe: Tracker._observe,
+    cmd.RequestCompaction: Tracker._request_compaction,
+    cmd.Commit: Tracker._end_attempt,
+    cmd.Reject: Tracker._end_attempt,
+    cmd.Wait: Tracker._wait,
+    cmd.ReportUsage: Tracker._report,
+    cmd.ReportRejection: Tracker._report,
+    cmd.State: Tracker._state,
+    cmd.History: Tracker._history,
 }
 
 

@@ -5,7 +5,7 @@ lazy import cannot hide an upward edge. The layers, bottom first (a module may i
 own layer and the layers below it; sibling packages of one layer may not import each other):
 
     errors → core → hooks → {settings, _lru, telemetry, metrics} → {store, counting, coordination} → bootstrap
-      → {idempotent, calibrations} → recording → {service, queries, protocol} → audit → {http, client, workers} → {demo, bench} → cli
+      → {idempotent, calibrations} → {recording, protocol} → {service, queries} → audit → {http, client, workers} → {demo, bench} → cli
 
 The CLI is the outermost shell: it dispatches to the HTTP server, the worker, the demo and
 the bench. Besides the layers, the module graph must have no cycle at all.
@@ -28,8 +28,9 @@ LAYERS: list[set[str]] = [
     {"tracker.store", "tracker.counting", "tracker.coordination"},
     {"tracker.bootstrap"},
     {"tracker.idempotent", "tracker.calibrations"},  # the service's answers to retries; its calibration ledger
-    {"tracker.recording"},  # how the service records a decision (the optimistic/locked record loop)
-    {"tracker.service", "tracker.queries", "tracker.protocol"},
+    # how the service records a decision (the optimistic/locked record loop); the typed public calls
+    {"tracker.recording", "tracker.protocol"},
+    {"tracker.service", "tracker.queries"},
     {"tracker.audit"},
     {"tracker.http", "tracker.client", "tracker.integrations", "workers"},
     {"tracker.demo", "tracker.bench"},

@@ -16,29 +16,18 @@ import httpx
 from tracker.client.base import RETRY, Base
 from tracker.client.calls import POLICY, Call, FleetPolicy, Waiting, call_of, given, history_pages, sessions_pages
 from tracker.client.http11 import Answer, AsyncWire, Unreachable, encode, httpx_answer, on_asyncio
-from tracker.core.commands import (
-    Calibration,
-    Command,
-    Commit,
-    Observe,
-    Reject,
-    ReportRejection,
-    ReportUsage,
-    RequestCompaction,
-    State,
-    Wait,
-)
+from tracker.core import commands as cmd
 from tracker.core.decide import Result
 from tracker.core.reports import Report
-from tracker.core.state import Attempt, SessionState
+from tracker.core.state import Attempt
 from tracker.errors import WaitTimeout
-from tracker.protocol import CompactionOptions, ObserveOptions, RejectionOptions, UsageOptions
+from tracker.protocol import AsyncTrackerProtocol, CompactionOptions, ObserveOptions, RejectionOptions, UsageOptions
 from tracker.store.base import StoredEvent
 
 R = TypeVar("R")
 
 
-class AsyncTrackerClient(Base[httpx.AsyncBaseTransport]):
+class AsyncTrackerClient(Base[httpx.AsyncBaseTransport], AsyncTrackerProtocol):
     """A ``Tracker`` over HTTP for asyncio code: the same methods, awaited."""
 
     def _open(self, transport: httpx.AsyncBaseTransport | None) -> None:
@@ -80,7 +69,8 @@ class AsyncTrackerClient(Base[httpx.AsyncBaseTransport]):
             raise Unreachable(exc) from exc
         return httpx_answer(response)
 
-    async def _run(self, request: Command[R] | Call[R]) -> R:
+    async def run(self, request: cmd.Command[R] | Call[R]) -> R:
+        """A command, or a call, sent (see ``TrackerClient.run``); its answer."""
         call = self._call(request)
         for attempt in range(self.retries + 1):
             try:
@@ -96,56 +86,33 @@ class AsyncTrackerClient(Base[httpx.AsyncBaseTransport]):
 
     # -- the Tracker's methods, awaited: each its command, run ---------------------------------
     async def observe(self, session_id: str, **options: Unpack[ObserveOptions]) -> Result:
-        return await self._run(given(Observe, session_id, options))
+        return await self.run(given(cmd.Observe, session_id, options))
 
     async def request_compaction(self, session_id: str, **options: Unpack[CompactionOptions]) -> Attempt:
-        return await self._run(given(RequestCompaction, session_id, options))
-
-    async def commit(
-        self,
-        session_id: str,
-        attempt_id: str,
-        fencing_token: int,
-        tokens_after: int,
-        idempotency_key: str | None = None,
-    ) -> SessionState:
-        return await self._run(Commit(session_id, attempt_id, fencing_token, tokens_after, idempotency_key))
-
-    async def reject(
-        self,
-        session_id: str,
-        attempt_id: str,
-        fencing_token: int,
-        reject_reason: str,
-        idempotency_key: str | None = None,
-    ) -> SessionState:
-        return await self._run(Reject(session_id, attempt_id, fencing_token, reject_reason, idempotency_key))
+        return await self.run(given(cmd.RequestCompaction, session_id, options))
 
     async def report_usage(self, session_id: str, **options: Unpack[UsageOptions]) -> Report:
-        return await self._run(given(ReportUsage, session_id, options))
+        return await self.run(given(cmd.ReportUsage, session_id, options))
 
     async def report_rejection(self, session_id: str, **options: Unpack[RejectionOptions]) -> Report:
-        return await self._run(given(ReportRejection, session_id, options))
+        return await self.run(given(cmd.ReportRejection, session_id, options))
 
     async def calibration(self) -> list[dict[str, Any]]:
         """What this key's fleet's provider reports taught (see ``TrackerClient.calibration``)."""
-        return await self._run(call_of(Calibration()))
+        return await self.run(call_of(cmd.Calibration()))
 
     async def wait(self, session_id: str, attempt_id: str, timeout: float = 30.0) -> str:
-        waiting = Waiting(Wait(session_id, attempt_id, timeout))
+        waiting = Waiting(cmd.Wait(session_id, attempt_id, timeout))
         while True:
             try:
-                return await self._run(waiting.poll())
+                return await self.run(waiting.poll())
             except WaitTimeout:
                 waiting.polled_out()
-
-    async def state(self, session_id: str) -> SessionState:
-        return await self._run(State(session_id))
 
     async def history(self, session_id: str, from_version: int = 1) -> AsyncIterator[StoredEvent]:
         pages = history_pages(session_id, from_version)
         while (call := pages.next_call()) is not None:
-            for event in pages.rows(await self._run(call)):
+            for event in pages.rows(await self.run(call)):
                 yield event
 
     async def sessions(
@@ -154,7 +121,7 @@ class AsyncTrackerClient(Base[httpx.AsyncBaseTransport]):
         """The fleet's sessions, most recently active first (see ``TrackerClient.sessions``)."""
         pages = sessions_pages(pressure, since, page_size)
         while (call := pages.next_call()) is not None:
-            for row in pages.rows(await self._run(call)):
+            for row in pages.rows(await self.run(call)):
                 yield row
 
     async def policy(self) -> FleetPolicy:
@@ -162,4 +129,4 @@ class AsyncTrackerClient(Base[httpx.AsyncBaseTransport]):
 
         Client-only: not part of ``TrackerProtocol``, since an embedded ``Tracker`` has no fleet.
         """
-        return await self._run(POLICY)
+        return await self.run(POLICY)

@@ -17,18 +17,7 @@ from datetime import UTC, datetime
 from typing import Any, Generic, Literal, TypeVar
 from urllib.parse import quote
 
-from tracker.core.commands import (
-    Calibration,
-    Command,
-    Commit,
-    Observe,
-    Reject,
-    ReportRejection,
-    ReportUsage,
-    RequestCompaction,
-    State,
-    Wait,
-)
+from tracker.core import commands as cmd
 from tracker.core.decide import Result
 from tracker.core.model import Measurement
 from tracker.core.outcome import Decision
@@ -43,7 +32,7 @@ API_PREFIX = "/v1"
 MAX_WAIT_PER_REQUEST_S = 30.0
 HISTORY_PAGE = 500
 R = TypeVar("R")
-C = TypeVar("C", bound=Command[Any])
+C = TypeVar("C", bound=cmd.Command[Any])
 
 
 @dataclass(frozen=True)
@@ -69,10 +58,10 @@ def _key(idempotency_key: str | None) -> str:
 
 #: the keyword arguments each command's public method takes (a misspelt one is a ``TypeError`` naming the method)
 _KEYWORDS: dict[type, tuple[str, type]] = {
-    Observe: ("observe", ObserveOptions),
-    RequestCompaction: ("request_compaction", CompactionOptions),
-    ReportUsage: ("report_usage", UsageOptions),
-    ReportRejection: ("report_rejection", RejectionOptions),
+    cmd.Observe: ("observe", ObserveOptions),
+    cmd.RequestCompaction: ("request_compaction", CompactionOptions),
+    cmd.ReportUsage: ("report_usage", UsageOptions),
+    cmd.ReportRejection: ("report_rejection", RejectionOptions),
 }
 
 
@@ -91,7 +80,7 @@ def _measurement_body(measurement: Measurement | dict[str, Any]) -> dict[str, An
     return dict(measurement)
 
 
-def _observe(c: Observe) -> Call[Result]:
+def _observe(c: cmd.Observe) -> Call[Result]:
     body: dict[str, Any] = {"idempotency_key": _key(c.idempotency_key)}
     if c.measurement is not None:
         body["measurement"] = _measurement_body(c.measurement)
@@ -107,7 +96,7 @@ def _result(data: dict[str, Any]) -> Result:
     return Result(session_id=data["session_id"], version=data["version"], decision=Decision.from_data(data))
 
 
-def _manual(c: RequestCompaction) -> Call[Attempt]:
+def _manual(c: cmd.RequestCompaction) -> Call[Attempt]:
     body = {
         "idempotency_key": _key(c.idempotency_key),
         "basis": str(c.basis) if c.basis is not None else None,
@@ -116,10 +105,10 @@ def _manual(c: RequestCompaction) -> Call[Attempt]:
     return Call("POST", _path("sessions", c.session_id, "compactions"), lambda d: Attempt(**d), json=body)
 
 
-def _end(c: Commit | Reject) -> Call[SessionState]:
+def _end(c: cmd.Commit | cmd.Reject) -> Call[SessionState]:
     """A commit or a reject of the attempt."""
     body: dict[str, Any]
-    if isinstance(c, Commit):
+    if isinstance(c, cmd.Commit):
         verb, body = "commit", {"fencing_token": c.fencing_token, "tokens_after": c.tokens_after}
     else:
         verb, body = "reject", {"fencing_token": c.fencing_token, "reject_reason": c.reject_reason}
@@ -127,28 +116,28 @@ def _end(c: Commit | Reject) -> Call[SessionState]:
     return Call("POST", path, SessionState.from_data, json={**body, "idempotency_key": _key(c.idempotency_key)})
 
 
-def _report(c: ReportUsage | ReportRejection) -> Call[Report]:
+def _report(c: cmd.ReportUsage | cmd.ReportRejection) -> Call[Report]:
     body = {k: v for k, v in c.given().items() if v is not None}
     body["basis"] = str(body["basis"])
     body["idempotency_key"] = _key(c.idempotency_key)
-    verb = "usage" if isinstance(c, ReportUsage) else "rejection"
+    verb = "usage" if isinstance(c, cmd.ReportUsage) else "rejection"
     return Call("POST", _path("sessions", c.session_id, verb), Report.from_data, json=body)
 
 
 #: THE table: what each command is on the wire (``wait`` and ``history`` are series of these: see below)
 _CALLS: dict[type, Callable[[Any], Call[Any]]] = {
-    Observe: _observe,
-    RequestCompaction: _manual,
-    Commit: _end,
-    Reject: _end,
-    ReportUsage: _report,
-    ReportRejection: _report,
-    State: lambda c: Call("GET", _path("sessions", c.session_id), SessionState.from_data),
-    Calibration: lambda c: Call("GET", _path("calibration"), lambda d: list(d["models"])),
+    cmd.Observe: _observe,
+    cmd.RequestCompaction: _manual,
+    cmd.Commit: _end,
+    cmd.Reject: _end,
+    cmd.ReportUsage: _report,
+    cmd.ReportRejection: _report,
+    cmd.State: lambda c: Call("GET", _path("sessions", c.session_id), SessionState.from_data),
+    cmd.Calibration: lambda c: Call("GET", _path("calibration"), lambda d: list(d["models"])),
 }
 
 
-def call_of(command: Command[R]) -> Call[Any]:
+def call_of(command: cmd.Command[R]) -> Call[Any]:
     """The HTTP call of ``command``."""
     return _CALLS[type(command)](command)
 
@@ -159,7 +148,7 @@ def call_of(command: Command[R]) -> Call[Any]:
 class Waiting:
     """One ``wait``: its long-polls (each at most ``MAX_WAIT_PER_REQUEST_S``) until ``timeout``."""
 
-    def __init__(self, command: Wait) -> None:
+    def __init__(self, command: cmd.Wait) -> None:
         self.command = command
         self.deadline = time.monotonic() + command.timeout
 

@@ -12,29 +12,18 @@ import httpx
 from tracker.client.base import RETRY, Base
 from tracker.client.calls import POLICY, Call, FleetPolicy, Waiting, call_of, given, history_pages, sessions_pages
 from tracker.client.http11 import Answer, SyncWire, Unreachable, encode, httpx_answer
-from tracker.core.commands import (
-    Calibration,
-    Command,
-    Commit,
-    Observe,
-    Reject,
-    ReportRejection,
-    ReportUsage,
-    RequestCompaction,
-    State,
-    Wait,
-)
+from tracker.core import commands as cmd
 from tracker.core.decide import Result
 from tracker.core.reports import Report
-from tracker.core.state import Attempt, SessionState
+from tracker.core.state import Attempt
 from tracker.errors import WaitTimeout
-from tracker.protocol import CompactionOptions, ObserveOptions, RejectionOptions, UsageOptions
+from tracker.protocol import CompactionOptions, ObserveOptions, RejectionOptions, TrackerProtocol, UsageOptions
 from tracker.store.base import StoredEvent
 
 R = TypeVar("R")
 
 
-class TrackerClient(Base[httpx.BaseTransport]):
+class TrackerClient(Base[httpx.BaseTransport], TrackerProtocol):
     """A ``Tracker`` over HTTP (sync). Use as a context manager or call ``close()``."""
 
     def _open(self, transport: httpx.BaseTransport | None) -> None:
@@ -69,7 +58,8 @@ class TrackerClient(Base[httpx.BaseTransport]):
         except httpx.TransportError as exc:
             raise Unreachable(exc) from exc
 
-    def _run(self, request: Command[R] | Call[R]) -> R:
+    def run(self, request: cmd.Command[R] | Call[R]) -> R:
+        """A command (``tracker.core.commands``), or a call, sent (retried as the module says); its answer."""
         call = self._call(request)
         for attempt in range(self.retries + 1):
             try:
@@ -85,63 +75,40 @@ class TrackerClient(Base[httpx.BaseTransport]):
 
     # -- the Tracker's methods: each its command, run ------------------------------------------
     def observe(self, session_id: str, **options: Unpack[ObserveOptions]) -> Result:
-        return self._run(given(Observe, session_id, options))
+        return self.run(given(cmd.Observe, session_id, options))
 
     def request_compaction(self, session_id: str, **options: Unpack[CompactionOptions]) -> Attempt:
-        return self._run(given(RequestCompaction, session_id, options))
-
-    def commit(
-        self,
-        session_id: str,
-        attempt_id: str,
-        fencing_token: int,
-        tokens_after: int,
-        idempotency_key: str | None = None,
-    ) -> SessionState:
-        return self._run(Commit(session_id, attempt_id, fencing_token, tokens_after, idempotency_key))
-
-    def reject(
-        self,
-        session_id: str,
-        attempt_id: str,
-        fencing_token: int,
-        reject_reason: str,
-        idempotency_key: str | None = None,
-    ) -> SessionState:
-        return self._run(Reject(session_id, attempt_id, fencing_token, reject_reason, idempotency_key))
+        return self.run(given(cmd.RequestCompaction, session_id, options))
 
     def report_usage(self, session_id: str, **options: Unpack[UsageOptions]) -> Report:
         """What the provider billed for the request of a measured ``basis`` (``Tracker.report_usage``)."""
-        return self._run(given(ReportUsage, session_id, options))
+        return self.run(given(cmd.ReportUsage, session_id, options))
 
     def report_rejection(self, session_id: str, **options: Unpack[RejectionOptions]) -> Report:
         """The provider refused the request of a measured ``basis`` as too long (``Tracker.report_rejection``)."""
-        return self._run(given(ReportRejection, session_id, options))
+        return self.run(given(cmd.ReportRejection, session_id, options))
 
     def calibration(self) -> list[dict[str, Any]]:
         """What this key's fleet's provider reports taught, per model and counter kind
         (``GET /v1/calibration``: ``ModelSummary.to_data()`` rows without ``fleet``).
 
         Client-only, like ``policy()``: the embedded ``Tracker.calibration(fleet)`` returns ``ModelSummary`` rows."""
-        return self._run(call_of(Calibration()))
+        return self.run(call_of(cmd.Calibration()))
 
     def wait(self, session_id: str, attempt_id: str, timeout: float = 30.0) -> str:
         """Block until the attempt ends: 'committed' or 'rejected:<reason>'. Raises ``WaitTimeout``."""
-        waiting = Waiting(Wait(session_id, attempt_id, timeout))
+        waiting = Waiting(cmd.Wait(session_id, attempt_id, timeout))
         while True:
             try:
-                return self._run(waiting.poll())
+                return self.run(waiting.poll())
             except WaitTimeout:
                 waiting.polled_out()
-
-    def state(self, session_id: str) -> SessionState:
-        return self._run(State(session_id))
 
     def history(self, session_id: str, from_version: int = 1) -> Iterator[StoredEvent]:
         """Every event of the session from ``from_version`` on, fetched page by page."""
         pages = history_pages(session_id, from_version)
         while (call := pages.next_call()) is not None:
-            yield from pages.rows(self._run(call))
+            yield from pages.rows(self.run(call))
 
     def sessions(
         self, *, pressure: str | None = None, since: datetime | float | None = None, page_size: int = 100
@@ -155,7 +122,7 @@ class TrackerClient(Base[httpx.BaseTransport]):
         """
         pages = sessions_pages(pressure, since, page_size)
         while (call := pages.next_call()) is not None:
-            yield from pages.rows(self._run(call))
+            yield from pages.rows(self.run(call))
 
     def policy(self) -> FleetPolicy:
         """The policy this key's fleet's new sessions start with (``GET /v1/policy``): the fleet's
@@ -165,4 +132,4 @@ class TrackerClient(Base[httpx.BaseTransport]):
         Client-only: not part of ``TrackerProtocol``, since an embedded ``Tracker`` has no fleet
         (its policy is ``Tracker.policy``).
         """
-        return self._run(POLICY)
+        return self.run(POLICY)

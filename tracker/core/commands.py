@@ -13,7 +13,7 @@ Pure: no I/O, no clock, no globals.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Generic, TypeVar
 
 from tracker.core.decide import Result
@@ -43,18 +43,35 @@ class Command(Generic[R]):
         return attempt_id, None if basis is None else str(basis)
 
 
-def _key(key: Any) -> None:
-    if key is not None:
-        check_text("idempotency_key", key)  # before it reaches the database
-
-
 def _start_policy(policy: Any) -> None:
     if policy is not None and not isinstance(policy, Policy):
         raise InvalidPolicy("policy", f"must be a Policy, got {type(policy).__name__}")
 
 
 @dataclass(frozen=True)
-class Observe(Command[Result]):
+class _OnSession(Command[R]):
+    """A command on one session, named in the core's form (its scope maps it into the store)."""
+
+    session_id: str
+
+    def __post_init__(self) -> None:
+        check_session_id(self.session_id)
+
+
+@dataclass(frozen=True)
+class _Write(_OnSession[R]):
+    """A command that records; ``idempotency_key``: the caller's, so that a retry gets the original answer."""
+
+    idempotency_key: str | None = field(default=None, kw_only=True)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.idempotency_key is not None:
+            check_text("idempotency_key", self.idempotency_key)  # before it reaches the database
+
+
+@dataclass(frozen=True)
+class Observe(_Write[Result]):
     """Count ``request`` (for ``model``, over ``basis``) or record ``measurement``, then decide.
 
     ``policy``: the one a *new* session starts with (default: the scope's fleet's, else the Tracker's).
@@ -62,7 +79,6 @@ class Observe(Command[Result]):
     against the state it decides on); None when counting a request."""
 
     NAME: ClassVar[str | None] = "observe"
-    session_id: str
     request: Any = None
     measurement: Measurement | dict[str, Any] | None = None
     model: str | None = None
@@ -71,16 +87,14 @@ class Observe(Command[Result]):
     scope: str | None = None
     scope_confidence: float | None = None
     overhead_tokens: int | None = None
-    idempotency_key: str | None = None
     policy: Policy | None = None
     measured: Measurement | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        check_session_id(self.session_id)
+        super().__post_init__()
         _start_policy(self.policy)
         if (self.request is None) == (self.measurement is None):
             raise InvalidInput("request", "give exactly one of request or measurement")
-        _key(self.idempotency_key)
         if self.model is not None:
             check_text("model", self.model)
         if self.compaction_threshold is not None or self.scope is not None or self.scope_confidence is not None:
@@ -106,149 +120,105 @@ class Observe(Command[Result]):
 
 
 @dataclass(frozen=True)
-class RequestCompaction(Command[Attempt]):
+class RequestCompaction(_Write[Attempt]):
     """Open a manual attempt (regardless of pressure; at most one manual attempt open).
     ``policy``: the one a *new* session starts with (as for ``Observe``)."""
 
     NAME: ClassVar[str | None] = "manual"
-    session_id: str
     basis: Basis | str | None = None
     overhead_tokens: int | None = None
-    idempotency_key: str | None = None
     policy: Policy | None = None
 
     def __post_init__(self) -> None:
-        check_session_id(self.session_id)
+        super().__post_init__()
         _start_policy(self.policy)
         if self.basis is not None:
             Basis.parse(self.basis, 1)
-        _key(self.idempotency_key)
 
 
 @dataclass(frozen=True)
-class Commit(Command[SessionState]):
+class _Settle(_Write[SessionState]):
+    """Ends an open attempt its holder (``fencing_token``) holds."""
+
+    attempt_id: str
+    fencing_token: int
+
+
+@dataclass(frozen=True)
+class Commit(_Settle):
     """Record the attempt's compaction: the session's history is now ``tokens_after`` tokens."""
 
     NAME: ClassVar[str | None] = "commit"
-    session_id: str
-    attempt_id: str
-    fencing_token: int
     tokens_after: int
-    idempotency_key: str | None = None
-
-    def __post_init__(self) -> None:
-        check_session_id(self.session_id)
-        _key(self.idempotency_key)
 
 
 @dataclass(frozen=True)
-class Reject(Command[SessionState]):
+class Reject(_Settle):
     """Record that the attempt's holder gave up (``reject_reason``)."""
 
     NAME: ClassVar[str | None] = "reject"
-    session_id: str
-    attempt_id: str
-    fencing_token: int
     reject_reason: str
-    idempotency_key: str | None = None
-
-    def __post_init__(self) -> None:
-        check_session_id(self.session_id)
-        _key(self.idempotency_key)
 
 
 @dataclass(frozen=True)
-class Wait(Command[str]):
+class Wait(_OnSession[str]):
     """Until the attempt ends ('committed' or 'rejected:<reason>'), at most ``timeout`` seconds."""
 
     NAME: ClassVar[str | None] = "wait"
-    session_id: str
     attempt_id: str
     timeout: float = 30.0
     poll_s: float = 0.05
 
     def __post_init__(self) -> None:
-        check_session_id(self.session_id)
+        super().__post_init__()
         if not isinstance(self.timeout, (int, float)) or self.timeout < 0:
             raise InvalidInput("timeout", f"must be a number >= 0, got {self.timeout!r}")
 
 
 @dataclass(frozen=True)
-class ReportUsage(Command[Report]):
-    """What the provider billed for the request of ``basis`` (checked against the session by the decision)."""
+class _Report(_Write[Report]):
+    """A report of the provider's on the request of ``basis`` (checked against the session by the decision)."""
+
+    basis: Basis | str
+
+    def given(self) -> dict[str, Any]:
+        """The report's inputs, as the decision takes them."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("session_id", "idempotency_key")}
+
+
+@dataclass(frozen=True)
+class ReportUsage(_Report):
+    """What the provider billed for the request of ``basis``."""
 
     NAME: ClassVar[str | None] = "usage"
-    session_id: str
-    basis: Basis | str
     input_tokens: int
     model: str | None = None
     output_tokens: int | None = None
     cache_read_tokens: int | None = None
     cache_write_tokens: int | None = None
-    idempotency_key: str | None = None
-
-    def __post_init__(self) -> None:
-        check_session_id(self.session_id)
-        _key(self.idempotency_key)
-
-    def given(self) -> dict[str, Any]:
-        """The report's inputs, as the decision takes them."""
-        return dict(
-            basis=self.basis,
-            input_tokens=self.input_tokens,
-            model=self.model,
-            output_tokens=self.output_tokens,
-            cache_read_tokens=self.cache_read_tokens,
-            cache_write_tokens=self.cache_write_tokens,
-        )
 
 
 @dataclass(frozen=True)
-class ReportRejection(Command[Report]):
+class ReportRejection(_Report):
     """The provider refused the request of ``basis`` as too long for the model."""
 
     NAME: ClassVar[str | None] = "rejection"
-    session_id: str
-    basis: Basis | str
     message: str | None = None
     input_tokens: int | None = None
     input_limit: int | None = None
     model: str | None = None
-    idempotency_key: str | None = None
-
-    def __post_init__(self) -> None:
-        check_session_id(self.session_id)
-        _key(self.idempotency_key)
-
-    def given(self) -> dict[str, Any]:
-        return dict(
-            basis=self.basis,
-            message=self.message,
-            input_tokens=self.input_tokens,
-            input_limit=self.input_limit,
-            model=self.model,
-        )
 
 
 @dataclass(frozen=True)
-class State(Command[SessionState]):
+class State(_OnSession[SessionState]):
     """The session's state (the fold of its log)."""
 
-    session_id: str
-
-    def __post_init__(self) -> None:
-        check_session_id(self.session_id)
-
 
 @dataclass(frozen=True)
-class History(Command[Any]):
+class History(_OnSession[Any]):
     """The session's events from ``from_version`` on (an iterator of ``StoredEvent``)."""
 
-    session_id: str
     from_version: int = 1
-
-    def __post_init__(self) -> None:
-        check_session_id(self.session_id)
 
 
 @dataclass(frozen=True)
