@@ -71,18 +71,17 @@ class AsyncTrackerClient(Base[httpx.AsyncBaseTransport], AsyncTrackerProtocol):
 
     async def run(self, request: cmd.Command[R] | Call[R]) -> R:
         """A command, or a call, sent (see ``TrackerClient.run``); its answer."""
-        call = self._call(request)
-        for attempt in range(self.retries + 1):
-            try:
-                response = await self._send(call)
-            except Unreachable as exc:
-                answer = self._settle(call, attempt, None, exc)
-            else:
-                answer = self._settle(call, attempt, response, None)
-            if answer is not RETRY:
-                return answer
+        call, attempt = self._call(request), 0
+        while (answer := self._settle(call, attempt, *(await self._sent(call)))) is RETRY:
             await asyncio.sleep(self._delay(attempt))
-        raise AssertionError("unreachable")  # pragma: no cover
+            attempt += 1
+        return answer
+
+    async def _sent(self, call: Call[Any]) -> tuple[Answer | None, Exception | None]:
+        try:
+            return await self._send(call), None
+        except Unreachable as exc:
+            return None, exc
 
     # -- the Tracker's methods, awaited: each its command, run ---------------------------------
     async def observe(self, session_id: str, **options: Unpack[ObserveOptions]) -> Result:

@@ -86,9 +86,7 @@ def _observe(c: cmd.Observe) -> Call[Result]:
         body["measurement"] = _measurement_body(c.measurement)
     else:
         body.update(request=c.request, model=c.model, basis=str(c.basis) if c.basis is not None else None)
-    for name in ("compaction_threshold", "scope", "scope_confidence", "overhead_tokens"):
-        if getattr(c, name) is not None:
-            body[name] = getattr(c, name)
+    body.update((name, value) for name, value in c.per_call().items() if value is not None)
     return Call("POST", _path("sessions", c.session_id, "observe"), _result, json=body)
 
 

@@ -13,7 +13,7 @@ import json
 import socket
 import threading
 from collections.abc import Generator
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlencode, urlsplit
 
 import httpx
@@ -211,22 +211,22 @@ class _SocketConnection:
     def exchange(self, head: bytes, body: bytes | None) -> tuple[Answer, bool]:
         """Send one request, read its response: (the answer, whether the connection can be reused)."""
         self.sock.sendall(head + body if body is not None else head)
-        f, reader = self.file, response_reader()
+        reader = response_reader()
         want = next(reader)
         try:
             while True:
-                if want == _LINE:
-                    want = reader.send(f.readline(MAX_HEAD_LINE))
-                elif want == _REST:
-                    want = reader.send(f.read())
-                else:
-                    want = reader.send(self._exactly(want))
+                want = reader.send(self._read(want))
         except StopIteration as done:
             return done.value
 
-    def _exactly(self, n: int) -> bytes:
-        data = self.file.read(n)
-        if len(data) != n:
+    def _read(self, want: int) -> bytes:
+        """What the response reader asks for: a line, the rest of the stream, or exactly ``want`` bytes."""
+        if want == _LINE:
+            return self.file.readline(MAX_HEAD_LINE)
+        if want == _REST:
+            return self.file.read()
+        data = self.file.read(want)
+        if len(data) != want:
             raise ValueError("the connection closed mid-body")
         return data
 
@@ -236,6 +236,19 @@ class _SocketConnection:
             self.sock.close()
         except OSError:  # pragma: no cover - closing a broken socket
             pass
+
+
+C = TypeVar("C", "_SocketConnection", "_StreamConnection")
+
+
+def _kept(idle: list[C]) -> C | None:
+    """An idle connection the server has not closed meanwhile (those it has are closed here), or None."""
+    while idle:
+        conn = idle.pop()
+        if not conn.stale():
+            return conn
+        conn.close()
+    return None
 
 
 class SyncWire:
@@ -251,11 +264,8 @@ class SyncWire:
         head = self.origin.head(method, target, body)
         while True:
             with self._lock:
-                conn = self._idle.pop() if self._idle else None
+                conn = _kept(self._idle)
             reused = conn is not None
-            if conn is not None and conn.stale():
-                conn.close()
-                continue
             try:
                 if conn is None:
                     conn = _SocketConnection(self.origin, self.timeout, self._ssl)
@@ -310,16 +320,12 @@ class _StreamConnection:
 
     async def exchange(self, head: bytes, body: bytes | None) -> tuple[Answer, bool]:
         self.writer.write(head + body if body is not None else head)
-        r, reader = self.reader, response_reader()
+        reader, r = response_reader(), self.reader
         want = next(reader)
         try:
             while True:
-                if want == _LINE:
-                    want = reader.send(await r.readline())
-                elif want == _REST:
-                    want = reader.send(await r.read())
-                else:
-                    want = reader.send(await r.readexactly(want))
+                got = await (r.readline() if want == _LINE else r.read() if want == _REST else r.readexactly(want))
+                want = reader.send(got)
         except StopIteration as done:
             return done.value
 
@@ -342,11 +348,8 @@ class AsyncWire:
             self._idle, self._loop = [], loop
         head = self.origin.head(method, target, body)
         while True:
-            conn = self._idle.pop() if self._idle else None
+            conn = _kept(self._idle)
             reused = conn is not None
-            if conn is not None and conn.stale():
-                conn.close()
-                continue
             try:
                 async with asyncio.timeout(self.timeout):
                     if conn is None:

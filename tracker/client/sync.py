@@ -60,18 +60,17 @@ class TrackerClient(Base[httpx.BaseTransport], TrackerProtocol):
 
     def run(self, request: cmd.Command[R] | Call[R]) -> R:
         """A command (``tracker.core.commands``), or a call, sent (retried as the module says); its answer."""
-        call = self._call(request)
-        for attempt in range(self.retries + 1):
-            try:
-                response = self._send(call)
-            except Unreachable as exc:
-                answer = self._settle(call, attempt, None, exc)
-            else:
-                answer = self._settle(call, attempt, response, None)
-            if answer is not RETRY:
-                return answer
+        call, attempt = self._call(request), 0  # (``_settle`` raises once the retries are spent)
+        while (answer := self._settle(call, attempt, *self._sent(call))) is RETRY:
             time.sleep(self._delay(attempt))
-        raise AssertionError("unreachable")  # pragma: no cover
+            attempt += 1
+        return answer
+
+    def _sent(self, call: Call[Any]) -> tuple[Answer | None, Exception | None]:
+        try:
+            return self._send(call), None
+        except Unreachable as exc:
+            return None, exc
 
     # -- the Tracker's methods: each its command, run ------------------------------------------
     def observe(self, session_id: str, **options: Unpack[ObserveOptions]) -> Result:

@@ -70,6 +70,9 @@ class _Write(_OnSession[R]):
             check_text("idempotency_key", self.idempotency_key)  # before it reaches the database
 
 
+_PER_CALL = ("compaction_threshold", "scope", "scope_confidence", "overhead_tokens")
+
+
 @dataclass(frozen=True)
 class Observe(_Write[Result]):
     """Count ``request`` (for ``model``, over ``basis``) or record ``measurement``, then decide.
@@ -109,6 +112,10 @@ class Observe(_Write[Result]):
         if self.basis is None:
             raise InvalidInput("basis", "is required when counting a request")
         Basis.parse(self.basis, 1)
+
+    def per_call(self) -> dict[str, Any]:
+        """The per-call inputs of the decision (threshold, scope and its confidence, overhead)."""
+        return {name: getattr(self, name) for name in _PER_CALL}
 
     @property
     def raw_basis(self) -> Any:
