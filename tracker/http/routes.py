@@ -285,9 +285,10 @@ def session_state(request: Request, session_id: str = SessionPath) -> dict[str, 
     """The session's state: the fold of its log (pressure, revision, open attempts, last measurement)."""
     runtime, caller = runtime_of(request), caller_of(request)
     # the primary, never the read replica: agents build their next basis on this state (read their writes)
-    state = queries.session_state(runtime.tracker().store, caller.internal(session_id))
-    if state.version == 0:
-        raise UnknownSession(f"no session {session_id}", session_id=session_id)
+    stored = caller.internal(session_id)
+    state = queries.session_state(runtime.tracker().store, stored)
+    if state.version == 0:  # (the field is the stored id: the error body shows it as the caller knows it)
+        raise UnknownSession(f"no session {session_id}", session_id=stored)
     return _state_out(caller, state)
 
 
