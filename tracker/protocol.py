@@ -5,6 +5,11 @@
 Integrations (LangChain, pydantic-ai) are written against these, never against a class.
 The keyword arguments of ``observe`` and ``request_compaction`` are declared once, as
 :class:`ObserveOptions` and :class:`CompactionOptions`; the clients take them as ``**options``.
+
+The calls whose signature is all positional (``commit``, ``reject``, ``state``) are written here
+once, with their bodies: each builds its command (``tracker.core.commands``) and hands it to the
+implementation's ``run`` -- the ``Tracker`` executes it, a client sends it -- so ``Tracker`` and
+the clients inherit them (they subclass these protocols) instead of writing them out again.
 """
 
 from __future__ import annotations
@@ -12,11 +17,15 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any, Protocol, Required, TypedDict, Unpack, runtime_checkable
 
+from tracker.core.commands import Command, Commit, Reject, State
 from tracker.core.decide import Result
 from tracker.core.model import Basis, Measurement
 from tracker.core.reports import Report
 from tracker.core.state import Attempt, SessionState
 from tracker.store.base import StoredEvent
+
+#: an idempotency key, or None (one is generated where needed)
+Key = str | None
 
 
 class ObserveOptions(TypedDict, total=False):
@@ -74,6 +83,12 @@ def unexpected(method: str, given: Mapping[str, Any], options: type) -> None:
             raise TypeError(f"{method}() got an unexpected keyword argument {name!r}")
 
 
+def _run(tracker: Any, command: Command[Any]) -> Any:
+    """``tracker.run(command)``: the implementation's own (a Tracker executes it, a client sends it;
+    an async client's answer is awaited by the caller)."""
+    return tracker.run(command)
+
+
 @runtime_checkable
 class TrackerProtocol(Protocol):
     def observe(self, session_id: str, **options: Unpack[ObserveOptions]) -> Result: ...
@@ -87,7 +102,9 @@ class TrackerProtocol(Protocol):
         fencing_token: int,
         tokens_after: int,
         idempotency_key: str | None = None,
-    ) -> SessionState: ...
+    ) -> SessionState:
+        """Record the attempt's compaction: the session's history is now ``tokens_after`` tokens."""
+        return _run(self, Commit(session_id, attempt_id, fencing_token, tokens_after, idempotency_key=idempotency_key))
 
     def reject(
         self,
@@ -96,11 +113,16 @@ class TrackerProtocol(Protocol):
         fencing_token: int,
         reject_reason: str,
         idempotency_key: str | None = None,
-    ) -> SessionState: ...
+    ) -> SessionState:
+        """Record that the attempt's holder gave up (``reject_reason``): the session's pressure is
+        unchanged and a later observe decides again."""
+        return _run(self, Reject(session_id, attempt_id, fencing_token, reject_reason, idempotency_key=idempotency_key))
 
     def wait(self, session_id: str, attempt_id: str, timeout: float = 30.0) -> str: ...
 
-    def state(self, session_id: str) -> SessionState: ...
+    def state(self, session_id: str) -> SessionState:
+        """The session's state (the fold of its log)."""
+        return _run(self, State(session_id))
 
     def history(self, session_id: str, from_version: int = 1) -> Iterator[StoredEvent]: ...
 
@@ -116,26 +138,23 @@ class AsyncTrackerProtocol(Protocol):
     async def request_compaction(self, session_id: str, **options: Unpack[CompactionOptions]) -> Attempt: ...
 
     async def commit(
-        self,
-        session_id: str,
-        attempt_id: str,
-        fencing_token: int,
-        tokens_after: int,
-        idempotency_key: str | None = None,
-    ) -> SessionState: ...
+        self, session_id: str, attempt_id: str, fencing_token: int, tokens_after: int, idempotency_key: Key = None
+    ) -> SessionState:
+        return await _run(
+            self, Commit(session_id, attempt_id, fencing_token, tokens_after, idempotency_key=idempotency_key)
+        )
 
     async def reject(
-        self,
-        session_id: str,
-        attempt_id: str,
-        fencing_token: int,
-        reject_reason: str,
-        idempotency_key: str | None = None,
-    ) -> SessionState: ...
+        self, session_id: str, attempt_id: str, fencing_token: int, reject_reason: str, idempotency_key: Key = None
+    ) -> SessionState:
+        return await _run(
+            self, Reject(session_id, attempt_id, fencing_token, reject_reason, idempotency_key=idempotency_key)
+        )
 
     async def wait(self, session_id: str, attempt_id: str, timeout: float = 30.0) -> str: ...
 
-    async def state(self, session_id: str) -> SessionState: ...
+    async def state(self, session_id: str) -> SessionState:
+        return await _run(self, State(session_id))
 
     def history(self, session_id: str, from_version: int = 1) -> AsyncIterator[StoredEvent]: ...
 

@@ -1,18 +1,15 @@
 """The service layer: observe → decide → record, thin on purpose.
 
-Each call is: validate input → (count, outside any lock) → load state (this
-process's last recorded state when it has one), run the pure decision, append
-its events with the version the decision was made on → raise the decision's
-error, if any, after it is on the record. A ``ConcurrencyConflict`` means another
-process appended first: re-decide (the decision is deterministic in the state, so
-the retry sees that process's attempt and does not open another).
+Every public call is a typed command (``tracker.core.commands``: ``Observe``, ``Commit``, ...),
+validated once where it is built, and ``Tracker.run(command, scope)`` executes it for a
+``SessionScope`` (the library's: ids as stored; a fleet's: ids under its prefix, and the policy its
+new sessions start with). ``Tracker.observe(...)`` and the other public methods build one and run it.
 
-Optimistic first: an uncontended session costs no coordination round trip at all
-(the store's version check is the guard). After a lost race, and for as long as
-others keep writing the session (``CONTENDED_S``), this process decides under the
-coordinator's session lock, on the state read under it: contenders queue up
-(handed the lock by a wake-up, not by polling) instead of appending on stale
-states, and only one automatic attempt per basis is ever started.
+Each command is: (count, outside any lock) → load state (this process's last recorded state when
+it has one), run the pure decision, append its events with the version the decision was made on →
+raise the decision's error, if any, after it is on the record. How a decision is recorded -- the
+optimistic first try, the session lock after a lost race, idempotent replay -- is
+``tracker.recording``.
 
 Cross-cutting concerns are hooks (``tracker.hooks``): the decision metrics and the spans
 subscribe to what is recorded (``Tracker(store, hooks=[...])``; ``Tracker.from_settings`` attaches
@@ -23,15 +20,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import logging
-import random
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import nullcontext
 from typing import Any, TypeVar
 
-from tracker._lru import LRU
 from tracker.calibrations import CalibrationBook
 from tracker.coordination import Coordinator, LocalCoordinator
 from tracker.core import (
@@ -43,7 +36,6 @@ from tracker.core import (
     Policy,
     SessionState,
     check_session_id,
-    check_text,
     decide_commit,
     decide_count_failed,
     decide_manual,
@@ -51,60 +43,30 @@ from tracker.core import (
     decide_reject,
     expire_leases,
 )
+from tracker.core import commands as cmd
 from tracker.core.decide import Result
-from tracker.core.events import CompactionCommitted, CompactionRejected, ProviderRejected, UsageReported
+from tracker.core.events import ProviderRejected, UsageReported
+from tracker.core.model import SessionScope
 from tracker.core.outcome import outcome as outcome_of
 from tracker.core.reports import Report, decide_rejection, decide_usage, same_report
-from tracker.core.thresholds import resolve_threshold
-from tracker.errors import (
-    ConcurrencyConflict,
-    CountError,
-    IntegrityError,
-    InvalidInput,
-    InvalidPolicy,
-    ManualAttemptOpen,
-    TrackerError,
-    UnknownAttempt,
-    WaitTimeout,
-)
+from tracker.errors import CountError, IntegrityError, InvalidInput, ManualAttemptOpen, UnknownAttempt, WaitTimeout
 from tracker.hooks import Hooks, TrackerHooks
-from tracker.idempotent import answer_from, recorded_answer, same_request
-from tracker.store.base import AppendResult, EventStore, NewEvent
+from tracker.idempotent import recorded_answer, same_request
+from tracker.protocol import TrackerProtocol
+from tracker.recording import SessionWriter
+from tracker.store.base import EventStore, StoredEvent
 
-log = logging.getLogger("tracker.service")
-
-CONFLICT_RETRY_S = 30.0
-STATE_CACHE_SIZE = 10_000  # sessions whose last recorded state this process keeps
-CONTENDED_S = 1.0  # after a lost race, decide under the session lock for this long (renewed while contended)
-_UNLOCKED = nullcontext(False)  # (reusable: a nullcontext keeps no state between uses)
-F = TypeVar("F", bound=Callable[..., Any])
+R = TypeVar("R")
+#: the library's scope: session ids as they are stored, the Tracker's own policy for new sessions
+UNSCOPED = SessionScope()
 
 
-def _command(name: str) -> Callable[[F], F]:
-    """A public command ``(self, session_id, [attempt_id, ...])``: its hooks' ``command`` around
-    it and ``after_command`` with what it returns (nothing at all when no hook asks)."""
+class Tracker(TrackerProtocol):
+    """The public entry point (the README). Build one per process with ``Tracker.from_settings()``.
 
-    def wrap(fn: F) -> F:
-        @functools.wraps(fn)
-        def call(self: Tracker, session_id: str, *args: Any, **kwargs: Any) -> Any:
-            hooks = self.hooks
-            if not hooks.commands:
-                return fn(self, session_id, *args, **kwargs)
-            attempt_id = args[0] if args and isinstance(args[0], str) else kwargs.get("attempt_id")
-            basis = kwargs.get("basis")
-            with hooks.command(name, session_id, attempt_id, None if basis is None else str(basis)):
-                result = fn(self, session_id, *args, **kwargs)
-                hooks.after_command(name, session_id, result)
-            return result
-
-        return call  # type: ignore[return-value]
-
-    return wrap
-
-
-class Tracker:
-    """The service: built from its parts (``Tracker(store, policy=..., counting=...)``). The public
-    ``tracker.Tracker`` adds ``from_settings``, wired by the composition root (``tracker.bootstrap``)."""
+    The service, built from its parts (``Tracker(store, policy=..., counting=...)``); the public
+    ``tracker.Tracker`` adds ``from_settings``, wired by the composition root (``tracker.bootstrap``).
+    ``commit``, ``reject`` and ``state`` are ``TrackerProtocol``'s own (they build their command and ``run`` it)."""
 
     def __init__(
         self,
@@ -126,12 +88,10 @@ class Tracker:
         self.coordinator = coordinator or LocalCoordinator()
         self.clock = clock
         self.new_id = new_id
-        self._states: LRU[str, SessionState] = LRU(STATE_CACHE_SIZE)
-        #: session -> when this process last saw it contended (see ``_record``)
-        self._contended: LRU[str, float] = LRU(STATE_CACHE_SIZE)
         #: subscribers of what this Tracker does (metrics, traces): see ``tracker.hooks``
         self.hooks = Hooks(hooks)
-        self._phase = self.hooks.phase
+        self._writer = SessionWriter(store, self.coordinator, self.hooks)
+        self._record = self._writer.record
 
     def close(self) -> None:
         self.store.close()
@@ -146,153 +106,24 @@ class Tracker:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    # -- state -----------------------------------------------------------------------------
-    def _load(self, session_id: str) -> SessionState:
-        data, version = self.store.load(session_id)
-        if data is None:
-            return SessionState(session_id=session_id)
-        state = SessionState.from_data(data)
-        if state.version != version:
-            raise IntegrityError(
-                f"session {session_id}: projection is at version {state.version} but the stream at {version}; "
-                "run `tracker verify`",
-                session_id=session_id,
-            )
-        return state
-
-    def state(self, session_id: str) -> SessionState:
-        return self._load(check_session_id(session_id))
-
-    def history(self, session_id: str, from_version: int = 1) -> Iterator[Any]:
-        return self.store.read_stream(check_session_id(session_id), from_version)
-
-    def _record(
-        self,
-        session_id: str,
-        decide: Callable[[SessionState], Outcome],
-        idempotency_key: str | None = None,
-        op: str = "observe",
-        looked_up: bool = False,
-    ) -> tuple[Outcome, int]:
-        """Load → decide → append; on a version conflict, decide again on the state that won.
-
-        ``looked_up``: the caller has just looked for a call recorded under ``idempotency_key``
-        and found none (observe does, before counting): not looked for again here, since an
-        append under a key a racing call took in between is answered by the store as a replay.
-
-        The first try decides on the state this process last recorded, without a lock (the
-        store's version check guards it). A refusal or a no-op decided on that cached state is
-        confirmed on the record; a lost race (or a session still contended) is decided under the
-        coordinator's lock on the state read under it, backing off with full jitter while it
-        keeps conflicting (coordination degraded, or a lock wait timed out).
-        """
-        if idempotency_key is not None:
-            check_text("idempotency_key", idempotency_key)  # before it reaches the database
-        if idempotency_key is not None and not looked_up:
-            # A retried call (commit, reject, manual, observe) gets its original answer, not a new decision.
-            replay = recorded_answer(self.store, session_id, idempotency_key, op, decide)
-            if replay is not None:
-                return replay
-        deadline = time.monotonic() + CONFLICT_RETRY_S
-        locked = self._is_contended(session_id)
-        cached = None if locked else self._states.get(session_id)  # never trusted alone (see above)
-        tries = 0
-        while True:
-            lock = self.coordinator.session_lock(session_id) if locked else _UNLOCKED
-            with self._phase("coordination"), lock:
-                state = cached if cached is not None else self._load_noting_contention(session_id, locked)
-                try:
-                    with self._phase("decide"):
-                        outcome = decide(state)
-                except TrackerError:
-                    if cached is None:
-                        raise
-                    cached = None  # refused on a cached state (a revision it has not seen?): ask the record
-                    continue
-                if not outcome.events:
-                    if cached is None:
-                        return outcome, state.version
-                    cached = None  # nothing to append, so no version check: confirm on the record
-                    continue
-                result = self._append(session_id, state, outcome, idempotency_key)
-            if result is not None:
-                if result.replayed:  # the same key, appended by a racing call: its answer
-                    return answer_from(self.store, session_id, result, op, decide), result.last_version
-                self.hooks.after_record(op, session_id, outcome)
-                if any(isinstance(e, (CompactionCommitted, CompactionRejected)) for e in outcome.events):
-                    self.coordinator.attempt_ended(session_id)  # wakes long-polls (a hint; they re-read)
-                return outcome, result.last_version
-            self._contended.put(session_id, time.monotonic())
-            if locked:  # conflicting under the lock: back off
-                tries += 1
-                if time.monotonic() >= deadline:
-                    raise ConcurrencyConflict(
-                        f"session {session_id}: still conflicting after {tries} tries in {CONFLICT_RETRY_S:.0f}s",
-                        session_id=session_id,
-                    )
-                time.sleep(random.uniform(0, min(0.1, 0.002 * 2 ** min(tries, 10))))
-            locked, cached = True, None  # (a lost optimistic race is re-decided at once, under the lock)
-
-    def _load_noting_contention(self, session_id: str, locked: bool) -> SessionState:
-        """The recorded state; under the lock, the session stays contended while others append
-        between this process's own appends (the state read is not the one it last recorded)."""
-        if not locked:
-            return self._load(session_id)
-        mine = self._states.get(session_id)
-        state = self._load(session_id)
-        if mine is not None and mine.version == state.version:
-            self._contended.pop(session_id)
-        else:
-            self._contended.put(session_id, time.monotonic())
-        return state
-
-    def _append(
-        self, session_id: str, state: SessionState, outcome: Outcome, idempotency_key: str | None
-    ) -> AppendResult | None:
-        """Append ``outcome``'s events at ``state``'s version; None on a version conflict. The
-        state cache follows: the new state when appended, nothing when in doubt."""
-        try:
-            with self._phase("append"):
-                result = self.store.append(
-                    session_id,
-                    state.version,
-                    [_new_event(e) for e in outcome.events],
-                    idempotency_key=idempotency_key,
-                    projected=outcome.state.to_data(),
-                )
-        except ConcurrencyConflict:
-            self._states.pop(session_id)
-            return None
-        except BaseException:
-            self._states.pop(session_id)
-            raise
-        if result.replayed:
-            self._states.pop(session_id)
-        else:
-            self._states.put(session_id, outcome.state)
+    # -- the one way in ------------------------------------------------------------------------
+    def run(self, command: cmd.Command[R], scope: SessionScope = UNSCOPED) -> R:
+        """Execute ``command`` (already validated) for ``scope``: its session id is mapped into the
+        scope here, once, and the hooks' ``command`` / ``after_command`` wrap the writes and ``wait``."""
+        if isinstance(command, cmd.Calibration):
+            return self.calibrations.summaries(command.fleet if scope.fleet_id is None else scope.fleet_id)  # type: ignore[return-value]
+        session_id = scope.internal(command.session_id)
+        execute = _EXECUTE[type(command)]
+        name, hooks = command.NAME, self.hooks
+        if name is None or not hooks.commands:
+            return execute(self, command, session_id, scope)
+        attempt_id, basis = command.hooked()
+        with hooks.command(name, session_id, attempt_id, basis):
+            result = execute(self, command, session_id, scope)
+            hooks.after_command(name, session_id, result)
         return result
 
-    def _is_contended(self, session_id: str) -> bool:
-        """Whether this process lost a race on the session within the last ``CONTENDED_S`` seconds
-        (renewed while it keeps finding that others appended since its own last append)."""
-        since = self._contended.get(session_id)
-        if since is None:
-            return False
-        if time.monotonic() - since < CONTENDED_S:
-            return True
-        self._contended.pop(session_id)
-        return False
-
-    def _start_policy(self, policy: Policy | None) -> Policy:
-        """The policy a new session starts with: a per-call one (its fleet's, over HTTP), else this Tracker's."""
-        if policy is None:
-            return self.policy
-        if not isinstance(policy, Policy):
-            raise InvalidPolicy("policy", f"must be a Policy, got {type(policy).__name__}")
-        return policy
-
-    # -- observe ---------------------------------------------------------------------------
-    @_command("observe")
+    # -- the public calls (the documented contract: each builds its command and runs it) -------
     def observe(
         self,
         session_id: str,
@@ -311,87 +142,35 @@ class Tracker:
         """Count (when given a request), record, decide. Raises ``ContextLimitError`` and count
         failures *after* recording them; bad input raises before anything is written.
         ``policy``: the one a *new* session starts with (default: this Tracker's; a started session keeps its own)."""
-        check_session_id(session_id)
-        default = self._start_policy(policy)
-        if (request is None) == (measurement is None):
-            raise InvalidInput("request", "give exactly one of request= or measurement=")
-        if idempotency_key is not None:
-            check_text("idempotency_key", idempotency_key)
-        if model is not None:
-            check_text("model", model)
-        # validate the per-request threshold before counting (bad input writes nothing)
-        if compaction_threshold is not None or scope is not None or scope_confidence is not None:
-            resolve_threshold(
-                default.compact_at_bp, default.rearm_below_bp, compaction_threshold, scope, scope_confidence
-            )
+        given = {k: v for k, v in locals().items() if k != "self"}  # the parameters are the command's fields
+        return self.run(cmd.Observe(**given))
 
-        if idempotency_key is not None:  # a retry: the original answer, before any (re)counting
-            replay = recorded_answer(self.store, session_id, idempotency_key, "observe", None)
-            if replay is not None:
-                outcome, version = replay
-                given = dict(threshold=compaction_threshold, scope=scope, confidence=scope_confidence)
-                same_request(outcome, measurement, request, basis, overhead=overhead_tokens, **given)
-                if outcome.error is not None:
-                    raise outcome.error
-                return Result(session_id=session_id, version=version, decision=_decision(outcome, session_id))
-        # A bare basis ("msg-41") means "at the session's current revision": it is resolved
-        # inside the decision, against the state being decided on (validated here first).
-        parsed = measurement is not None
-        if measurement is not None:
-            m = measurement if isinstance(measurement, Measurement) else Measurement.from_data(measurement, 1)
-            raw_basis: Any = measurement.basis if isinstance(measurement, Measurement) else measurement["basis"]
-        else:
-            if model is None:
-                raise InvalidInput("model", "is required when counting a request")
-            if basis is None:
-                raise InvalidInput("basis", "is required when counting a request")
-            raw_basis = basis
-            b = Basis.parse(basis, 1)
-            if self.counting is None:
-                raise InvalidInput("request", "this tracker has no counting backend; pass measurement=")
-            known = self._states.get(session_id) or self._load(session_id)
-            started = time.monotonic()
-            try:  # the session's policy, fixed when it started
-                m = self.counting.measure(request, model=model, basis=b, policy=known.policy or default)
-            except CountError as exc:
-                duration_ms = int((time.monotonic() - started) * 1000)
-
-                def failed(st: SessionState, err: CountError = exc, model: str = model) -> Outcome:
-                    return decide_count_failed(
-                        st,
-                        default,
-                        err,
-                        model=model,
-                        duration_ms=duration_ms,
-                        now=self.clock(),
-                        basis=Basis.parse(raw_basis, st.revision),
-                    )
-
-                self._record(session_id, failed, idempotency_key)
-                raise
-        calibration, learned_limit = self.calibrations.for_decision(session_id, m.model.name, m.quality)
-        outcome, version = self._record_opening(
-            session_id,
-            lambda st, **at: decide_measure(
-                st,
-                default,
-                _at_revision(m, raw_basis, st.revision, parsed),
-                compaction_threshold=compaction_threshold,
-                scope=scope,
-                scope_confidence=scope_confidence,
-                overhead_tokens=overhead_tokens,
-                calibration=calibration,
-                learned_limit=learned_limit,
-                **at,
-            ),
-            idempotency_key,
-            op="observe",
-            looked_up=idempotency_key is not None,  # looked for above, before counting
+    def request_compaction(
+        self,
+        session_id: str,
+        *,
+        basis: Basis | str | None = None,
+        overhead_tokens: int | None = None,
+        idempotency_key: str | None = None,
+        policy: Policy | None = None,
+    ) -> Attempt:
+        """Open a manual attempt (regardless of pressure; at most one manual attempt open).
+        ``policy``: the one a *new* session starts with (default: this Tracker's)."""
+        return self.run(
+            cmd.RequestCompaction(session_id, basis, overhead_tokens, policy, idempotency_key=idempotency_key)
         )
-        return Result(session_id=session_id, version=version, decision=_decision(outcome, session_id))
 
-    # -- the provider's numbers --------------------------------------------------------------
-    @_command("usage")
+    def wait(self, session_id: str, attempt_id: str, timeout: float = 30.0, poll_s: float = 0.05) -> str:
+        """Block until the attempt ends; returns 'committed' or 'rejected:<reason>'.
+
+        Raises ``WaitTimeout``. An attempt past its lease is recorded as
+        ``lease_expired`` here, so a waiter never waits on a dead holder.
+        """
+        return self.run(cmd.Wait(session_id, attempt_id, timeout, poll_s))
+
+    def history(self, session_id: str, from_version: int = 1) -> Iterator[StoredEvent]:
+        return self.run(cmd.History(session_id, from_version))
+
     def report_usage(
         self,
         session_id: str,
@@ -408,17 +187,9 @@ class Tracker:
         ``UsageReported`` event, and a calibration sample for the measured model. ``basis`` is one
         this session measured (a bare one: at the current revision); ``model``, when given, must be
         the measured one. Bad input raises ``InvalidInput`` naming the field and writes nothing."""
-        given = dict(
-            basis=basis,
-            input_tokens=input_tokens,
-            model=model,
-            output_tokens=output_tokens,
-            cache_read_tokens=cache_read_tokens,
-            cache_write_tokens=cache_write_tokens,
-        )
-        return self._report(session_id, "usage", decide_usage, given, idempotency_key)
+        given = {k: v for k, v in locals().items() if k != "self"}
+        return self.run(cmd.ReportUsage(**given))
 
-    @_command("rejection")
     def report_rejection(
         self,
         session_id: str,
@@ -435,14 +206,87 @@ class Tracker:
         (Anthropic, OpenAI and Gemini wordings) unless given. From then on that basis decides at the
         hard limit (compact if an automatic attempt is eligible, else ``ContextLimitError``), the
         numbers are a calibration sample, and a lower limit is learned for the model."""
-        given = dict(basis=basis, message=message, input_tokens=input_tokens, input_limit=input_limit, model=model)
-        return self._report(session_id, "rejection", decide_rejection, given, idempotency_key)
+        given = {k: v for k, v in locals().items() if k != "self"}
+        return self.run(cmd.ReportRejection(**given))
 
-    def _report(
-        self, session_id: str, op: str, decide: Callable[..., Outcome], given: dict[str, Any], key: str | None
-    ) -> Report:
+    def calibration(self, fleet: str | None = None) -> list[Any]:
+        """What calibration knows, per (fleet, model, counter): ``ModelSummary`` rows folded from the log."""
+        return self.run(cmd.Calibration(fleet))
+
+    # -- what each command does, on the stored id of its session --------------------------------
+    def _start_policy(self, policy: Policy | None, scope: SessionScope) -> Policy:
+        """The policy a new session starts with: the call's own, else the scope's (a fleet's), else this Tracker's."""
+        if policy is not None:
+            return policy
+        return scope.start_policy() or self.policy
+
+    def _observe(self, c: cmd.Observe, session_id: str, scope: SessionScope) -> Result:
+        default = self._start_policy(c.policy, scope)
+        key = c.idempotency_key
+        if key is not None:  # a retry: the original answer, before any (re)counting
+            replay = recorded_answer(self.store, session_id, key, "observe", None)
+            if replay is not None:
+                outcome, version = replay
+                given = dict(threshold=c.compaction_threshold, scope=c.scope, confidence=c.scope_confidence)
+                same_request(outcome, c.measurement, c.request, c.basis, overhead=c.overhead_tokens, **given)
+                if outcome.error is not None:
+                    raise outcome.error
+                return Result(session_id=session_id, version=version, decision=_decision(outcome, session_id))
+        # A bare basis ("msg-41") means "at the session's current revision": it is resolved
+        # inside the decision, against the state being decided on (validated by the command).
+        raw_basis = c.raw_basis
+        if c.measured is not None:
+            m = c.measured
+        else:
+            m = self._count(c, session_id, default)
+        calibration, learned_limit = self.calibrations.for_decision(session_id, m.model.name, m.quality)
+        outcome, version = self._record_opening(
+            session_id,
+            lambda st, **at: decide_measure(
+                st,
+                default,
+                _at_revision(m, raw_basis, st.revision, c.measured is not None),
+                **c.per_call(),
+                calibration=calibration,
+                learned_limit=learned_limit,
+                **at,
+            ),
+            key,
+            op="observe",
+            looked_up=key is not None,  # looked for above, before counting
+        )
+        return Result(session_id=session_id, version=version, decision=_decision(outcome, session_id))
+
+    def _count(self, c: cmd.Observe, session_id: str, default: Policy) -> Measurement:
+        """Count ``c.request`` under the session's policy (fixed when it started); a count failure is
+        recorded (``CountFailed``), then raised."""
+        if self.counting is None:
+            raise InvalidInput("request", "this tracker has no counting backend; pass measurement=")
+        model = c.model
+        assert model is not None  # (the command requires it with a request)
+        known = self._writer.known(session_id)
+        started = time.monotonic()
+        try:
+            return self.counting.measure(
+                c.request, model=model, basis=Basis.parse(c.basis, 1), policy=known.policy or default
+            )
+        except CountError as exc:
+            duration_ms = int((time.monotonic() - started) * 1000)
+
+            def failed(st: SessionState, err: CountError = exc) -> Outcome:
+                basis = Basis.parse(c.basis, st.revision)
+                return decide_count_failed(
+                    st, default, err, model=model, duration_ms=duration_ms, now=self.clock(), basis=basis
+                )
+
+            self._record(session_id, failed, c.idempotency_key)
+            raise
+
+    def _report(self, c: cmd.ReportUsage | cmd.ReportRejection, session_id: str, scope: SessionScope) -> Report:
         """A usage report or a rejection: ``decide(state, now=..., **given)`` recorded, then noted by calibration."""
-        check_session_id(session_id)
+        decide: Callable[..., Outcome]
+        op, decide = ("usage", decide_usage) if isinstance(c, cmd.ReportUsage) else ("rejection", decide_rejection)
+        given, key = c.given(), c.idempotency_key
         outcome, version = self._record(session_id, lambda st: decide(st, now=self.clock(), **given), key, op=op)
         event: Any = next(e for e in outcome.events if isinstance(e, (UsageReported, ProviderRejected)))
         if key is not None:  # a key reused for another report is refused, not answered with the old one
@@ -452,73 +296,35 @@ class Tracker:
         self.calibrations.note(session_id, version, event)
         return Report(session_id=session_id, version=version, event=event)
 
-    def calibration(self, fleet: str | None = None) -> list[Any]:
-        """What calibration knows, per (fleet, model, counter): ``ModelSummary`` rows folded from the log."""
-        return self.calibrations.summaries(fleet)
-
-    # -- attempts --------------------------------------------------------------------------
-    @_command("manual")
-    def request_compaction(
-        self,
-        session_id: str,
-        *,
-        basis: Basis | str | None = None,
-        overhead_tokens: int | None = None,
-        idempotency_key: str | None = None,
-        policy: Policy | None = None,
-    ) -> Attempt:
-        """Open a manual attempt (regardless of pressure; at most one manual attempt open).
-        ``policy``: the one a *new* session starts with (default: this Tracker's)."""
-        check_session_id(session_id)
-        start_policy = self._start_policy(policy)
-        if basis is not None:
-            Basis.parse(basis, 1)  # validate before anything is written
+    def _request_compaction(self, c: cmd.RequestCompaction, session_id: str, scope: SessionScope) -> Attempt:
+        start_policy = self._start_policy(c.policy, scope)
         outcome, _ = self._record_opening(
             session_id,
             lambda st, **at: decide_manual(
                 st,
                 start_policy,
-                basis=Basis.parse(basis, st.revision) if basis is not None else None,
-                overhead_tokens=overhead_tokens,
+                basis=Basis.parse(c.basis, st.revision) if c.basis is not None else None,
+                overhead_tokens=c.overhead_tokens,
                 **at,
             ),
-            idempotency_key,
+            c.idempotency_key,
             op="manual",
         )
         if outcome.attempt is None:  # a replayed refusal whose attempt has closed since
             raise ManualAttemptOpen("a manual attempt was already open when this call was first made")
         return outcome.attempt
 
-    @_command("commit")
-    def commit(
-        self,
-        session_id: str,
-        attempt_id: str,
-        fencing_token: int,
-        tokens_after: int,
-        idempotency_key: str | None = None,
-    ) -> SessionState:
-        """Record the attempt's compaction: the session's history is now ``tokens_after`` tokens."""
-        end = functools.partial(
-            decide_commit, attempt_id=attempt_id, fencing_token=fencing_token, tokens_after=tokens_after
-        )
-        return self._end_attempt(session_id, "commit", end, idempotency_key)
-
-    @_command("reject")
-    def reject(
-        self,
-        session_id: str,
-        attempt_id: str,
-        fencing_token: int,
-        reject_reason: str,
-        idempotency_key: str | None = None,
-    ) -> SessionState:
-        """Record that the attempt's holder gave up (``reject_reason``): the session's pressure is
-        unchanged and a later observe decides again."""
-        end = functools.partial(
-            decide_reject, attempt_id=attempt_id, fencing_token=fencing_token, reject_reason=reject_reason
-        )
-        return self._end_attempt(session_id, "reject", end, idempotency_key)
+    def _end_attempt(self, c: cmd.Commit | cmd.Reject, session_id: str, scope: SessionScope) -> SessionState:
+        """A commit or a reject: ``end(state, now=...)`` recorded, its refusal raised after it."""
+        if isinstance(c, cmd.Commit):
+            op, end = "commit", functools.partial(decide_commit, tokens_after=c.tokens_after)
+        else:
+            op, end = "reject", functools.partial(decide_reject, reject_reason=c.reject_reason)
+        at = dict(attempt_id=c.attempt_id, fencing_token=c.fencing_token)
+        outcome, _ = self._record(session_id, lambda st: end(st, now=self.clock(), **at), c.idempotency_key, op=op)
+        if outcome.error is not None:
+            raise outcome.error
+        return outcome.state
 
     def _record_opening(
         self,
@@ -528,7 +334,7 @@ class Tracker:
         op: str,
         looked_up: bool = False,
     ) -> tuple[Outcome, int]:
-        """``_record`` for an observe or a manual request: ``decide(state, now=..., new_attempt_id=...)``
+        """``record`` for an observe or a manual request: ``decide(state, now=..., new_attempt_id=...)``
         (the attempt it may open has one new id, the same on every retry), its refusal raised after it."""
         attempt_id = self.new_id()
         outcome, version = self._record(
@@ -542,52 +348,42 @@ class Tracker:
             raise outcome.error
         return outcome, version
 
-    def _end_attempt(
-        self, session_id: str, op: str, end: Callable[..., Outcome], idempotency_key: str | None
-    ) -> SessionState:
-        """A commit or a reject: ``end(state, now=...)`` recorded, its refusal raised after it."""
-        check_session_id(session_id)
-        outcome, _ = self._record(session_id, lambda st: end(st, now=self.clock()), idempotency_key, op=op)
-        if outcome.error is not None:
-            raise outcome.error
-        return outcome.state
-
-    def expire(self, session_id: str) -> SessionState:
-        """Record ``lease_expired`` for attempts past their lease (any decision does this too)."""
-        check_session_id(session_id)
-        outcome, _ = self._record(session_id, lambda st: outcome_of(st, expire_leases(st, self.clock())), op="expire")
-        return outcome.state
-
-    @_command("wait")
-    def wait(self, session_id: str, attempt_id: str, timeout: float = 30.0, poll_s: float = 0.05) -> str:
-        """Block until the attempt ends; returns 'committed' or 'rejected:<reason>'.
-
-        Raises ``WaitTimeout``. An attempt past its lease is recorded as
-        ``lease_expired`` here, so a waiter never waits on a dead holder.
-        """
-        check_session_id(session_id)
-        if not isinstance(timeout, (int, float)) or timeout < 0:
-            raise InvalidInput("timeout", f"must be a number >= 0, got {timeout!r}")
-        deadline = time.monotonic() + timeout
+    def _wait(self, c: cmd.Wait, session_id: str, scope: SessionScope) -> str:
+        deadline = time.monotonic() + c.timeout
         while True:
-            outcome, _ = self.attempt_status(session_id, attempt_id)
+            outcome, _ = self.attempt_status(session_id, c.attempt_id)
             if outcome != "open":
                 return outcome
             if time.monotonic() >= deadline:
-                raise WaitTimeout(f"attempt {attempt_id} still open after {timeout}s", attempt_id=attempt_id)
-            time.sleep(poll_s)
+                raise WaitTimeout(f"attempt {c.attempt_id} still open after {c.timeout}s", attempt_id=c.attempt_id)
+            time.sleep(c.poll_s)
+
+    def _state(self, c: cmd.State, session_id: str, scope: SessionScope) -> SessionState:
+        return self._writer.load(session_id)
+
+    def _history(self, c: cmd.History, session_id: str, scope: SessionScope) -> Iterator[StoredEvent]:
+        return self.store.read_stream(session_id, c.from_version)
+
+    # -- attempts, by stored id (``wait`` polls these; the HTTP API's long-poll awaits them) ------
+    def expire(self, session_id: str) -> SessionState:
+        """Record ``lease_expired`` for attempts past their lease (any decision does this too)."""
+        session_id = check_session_id(session_id)
+        outcome, _ = self._record(session_id, lambda st: outcome_of(st, expire_leases(st, self.clock())), op="expire")
+        return outcome.state
 
     def attempt_status(self, session_id: str, attempt_id: str) -> tuple[str, float | None]:
         """One look at an attempt: ``(outcome, lease_expires_at)``; outcome ``open`` (with the time its
         lease ends), ``committed`` or ``rejected:<reason>``. An attempt past its lease is recorded as
-        ``lease_expired`` first. Raises ``UnknownAttempt``. (``wait`` polls this; the HTTP API awaits it.)
+        ``lease_expired`` first. Raises ``UnknownAttempt``.
         """
-        check_session_id(session_id)
+        session_id = check_session_id(session_id)
         while True:
-            state = self._load(session_id)
+            state = self._writer.load(session_id)
             outcome = state.outcome_of(attempt_id)
             if outcome is None:
-                raise UnknownAttempt(f"no attempt {attempt_id} in session {session_id}", attempt_id=attempt_id)
+                raise UnknownAttempt(
+                    f"no attempt {attempt_id} in this session", attempt_id=attempt_id, session_id=session_id
+                )
             if outcome != "open":
                 return outcome, None
             attempt = state.find_open(attempt_id)
@@ -597,6 +393,20 @@ class Tracker:
             return outcome, attempt.lease_expires_at if attempt is not None else None
 
 
+#: what running each command does (``Tracker.run``)
+_EXECUTE: dict[type, Callable[[Tracker, Any, str, SessionScope], Any]] = {
+    cmd.Observe: Tracker._observe,
+    cmd.RequestCompaction: Tracker._request_compaction,
+    cmd.Commit: Tracker._end_attempt,
+    cmd.Reject: Tracker._end_attempt,
+    cmd.Wait: Tracker._wait,
+    cmd.ReportUsage: Tracker._report,
+    cmd.ReportRejection: Tracker._report,
+    cmd.State: Tracker._state,
+    cmd.History: Tracker._history,
+}
+
+
 def _at_revision(m: Measurement, raw_basis: Any, revision: int, parsed: bool = False) -> Measurement:
     """Resolve a bare basis at the revision of the state being decided on. ``parsed``: ``m.basis``
     is ``raw_basis`` parsed (at revision 1, or explicit), so at ``m.basis.revision`` it is ``m``'s."""
@@ -604,10 +414,6 @@ def _at_revision(m: Measurement, raw_basis: Any, revision: int, parsed: bool = F
         return m
     b = Basis.parse(raw_basis, revision)
     return m if b == m.basis else dataclasses.replace(m, basis=b)
-
-
-def _new_event(e: Any) -> NewEvent:
-    return NewEvent(type=e.TYPE, data=e.to_data())
 
 
 def _decision(outcome: Outcome, session_id: str) -> Decision:

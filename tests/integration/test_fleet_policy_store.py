@@ -1,5 +1,5 @@
 """The fleets' policies in the store (``FleetStore``), on both backends: versions, history, refusals, the cache,
-concurrent changes; and a fleet's policy reaching a new session through the HTTP ``Commands`` seam."""
+concurrent changes; and a fleet's policy reaching a new session through the HTTP caller's scope (``Caller``)."""
 
 from __future__ import annotations
 
@@ -134,7 +134,9 @@ def test_concurrent_changes_each_get_their_own_version(store: FleetStore) -> Non
 def test_the_http_commands_start_a_fleets_new_session_with_its_policy(db_url: str) -> None:
     from tracker.bootstrap import build_fleets
     from tracker.core import SessionProjector
-    from tracker.http.runtime import Commands
+    from tracker.core.commands import Observe, RequestCompaction
+    from tracker.core.model import SessionScope
+    from tracker.http.runtime import Caller
     from tracker.service import Tracker
     from tracker.store import open_store
 
@@ -143,22 +145,25 @@ def test_the_http_commands_start_a_fleets_new_session_with_its_policy(db_url: st
         fleets_ = build_fleets(tracker.store, cache_s=0)
         own = fleets_.create_fleet("own", Policy(compact_at_bp=7000, rearm_below_bp=5000), actor="a")["fleet_id"]
         plain = fleets_.create_fleet("plain")["fleet_id"]
-        commands = Commands(tracker, lambda fleet_id: fleets_.policy_of(fleet_id) if fleet_id else None)
+        a, p = Caller(own, fleets_.policy_of), Caller(plain, fleets_.policy_of)
 
         def m(basis: str, tokens: int) -> dict[str, Any]:
             return {"basis": basis, "input_tokens": tokens, "input_limit": 100_000}
 
-        assert commands.observe(f"{own}:s", measurement=m("m1", 70_000)).decision.action == "compact"
-        assert commands.observe(f"{plain}:s", measurement=m("m1", 70_000)).decision.action == "proceed"
-        assert commands.observe("bare", measurement=m("m1", 70_000)).decision.action == "proceed"
-        attempt = commands.request_compaction(f"{own}:manual")  # a manual attempt may start a session too
+        def observe(scope: SessionScope, sid: str, basis: str, tokens: int) -> Any:
+            return tracker.run(Observe(sid, measurement=m(basis, tokens)), scope).decision
+
+        assert observe(a, "s", "m1", 70_000).action == "compact"
+        assert observe(p, "s", "m1", 70_000).action == "proceed"
+        assert observe(SessionScope(), "bare", "m1", 70_000).action == "proceed"
+        attempt = tracker.run(RequestCompaction("manual"), a)  # a manual attempt may start a session too
         assert attempt.trigger == "manual"
         assert tracker.state(f"{own}:manual").policy == Policy(compact_at_bp=7000, rearm_below_bp=5000)
         # a change reaches new sessions only
         fleets_.set_policy(own, Policy(compact_at_bp=9000), actor="b")
-        kept = commands.observe(f"{own}:s", measurement=m("m2", 75_000)).decision
+        kept = observe(a, "s", "m2", 75_000)
         assert kept.pressure == "compact" and kept.threshold_bp == 7000
-        assert commands.observe(f"{own}:t", measurement=m("m1", 75_000)).decision.action == "proceed"
+        assert observe(a, "t", "m1", 75_000).action == "proceed"
         assert tracker.state(f"{own}:s").policy.compact_at_bp == 7000
         assert tracker.state(f"{own}:t").policy.compact_at_bp == 9000
         # the per-call policy is for new sessions: the library's default stays the Tracker's

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tracker import AsyncTrackerClient, StoreUnavailable, TrackerClient, UnknownSession
+from tracker import AsyncTrackerClient, InvalidSessionId, StoreUnavailable, TrackerClient, UnknownSession
 from tracker.client import FleetPolicy
 from tracker.core import Policy
 
@@ -172,15 +172,17 @@ def test_the_request_is_what_httpx_sent(scripted):
     server = scripted([(sized(json.dumps(POLICY).encode()), False), (refusal, False), (refusal, False)])
     with TrackerClient(server.url + "/base/", "sekrit", backoff_s=0.01) as c:
         assert c.policy() == EXPECTED
+        with pytest.raises(InvalidSessionId):  # refused as the server would, before anything is sent
+            c.observe("a b/c", measurement={"basis": "r1:é", "input_tokens": 1, "input_limit": 10})
         with pytest.raises(UnknownSession):
-            c.observe("a b/c", measurement={"basis": "r1:é", "input_tokens": 1, "input_limit": 10}, idempotency_key="k")
+            c.observe("a:b.c", measurement={"basis": "r1:é", "input_tokens": 1, "input_limit": 10}, idempotency_key="k")
         with pytest.raises(UnknownSession):
             list(c.history("s", from_version=3))
     get, post, history = server.requests
     assert get.startswith(b"GET /base/v1/policy HTTP/1.1\r\n")
     assert b"\r\nAuthorization: Bearer sekrit\r\n" in get and b"\r\nUser-Agent: context-tracker-client\r\n" in get
     assert f"\r\nHost: {server.url.removeprefix('http://')}\r\n".encode() in get
-    assert post.startswith(b"POST /base/v1/sessions/a%20b%2Fc/observe HTTP/1.1\r\n")
+    assert post.startswith(b"POST /base/v1/sessions/a%3Ab.c/observe HTTP/1.1\r\n")
     head, _, body = post.partition(b"\r\n\r\n")
     assert b"\r\nContent-Type: application/json\r\n" in head and f"Content-Length: {len(body)}".encode() in head
     assert json.loads(body) == {

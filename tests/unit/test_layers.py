@@ -5,7 +5,7 @@ lazy import cannot hide an upward edge. The layers, bottom first (a module may i
 own layer and the layers below it; sibling packages of one layer may not import each other):
 
     errors → core → hooks → {settings, _lru, telemetry, metrics} → {store, counting, coordination}
-      → {idempotent, calibrations} → {service, queries, protocol} → audit → bootstrap
+      → {idempotent, calibrations} → {recording, protocol} → {service, queries} → audit → bootstrap
       → {http, client, integrations, workers} → {demo, bench} → cli
 
 The composition root (``bootstrap``) sits above everything it wires (the service, the read
@@ -30,7 +30,9 @@ LAYERS: list[set[str]] = [
     {"tracker.settings", "tracker._lru", "tracker.telemetry", "tracker.metrics"},
     {"tracker.store", "tracker.counting", "tracker.coordination"},
     {"tracker.idempotent", "tracker.calibrations"},  # the service's answers to retries; its calibration ledger
-    {"tracker.service", "tracker.queries", "tracker.protocol"},
+    # how the service records a decision (the optimistic/locked record loop); the typed public calls
+    {"tracker.recording", "tracker.protocol"},
+    {"tracker.service", "tracker.queries"},
     {"tracker.audit"},
     {"tracker.bootstrap"},  # the composition root: wires everything below, asked by everything above
     {"tracker.http", "tracker.client", "tracker.integrations", "workers"},

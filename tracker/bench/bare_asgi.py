@@ -1,7 +1,8 @@
 """The floor under the HTTP bench: ``observe`` behind a bare ASGI app.
 
 No framework, no middleware, no authentication: the body is validated by the API's own
-``ObserveIn`` and the call is the API's own ``Commands.observe``, run in the same thread pool,
+``ObserveIn`` and the command is the API's own (``ObserveIn.to_command``, run by ``Tracker.run`` for the
+fleet's scope) in the same thread pool,
 and the answer is one ``json.dumps``. What a request costs here is what any Python HTTP server
 would cost on this machine for this work; what ``tracker serve`` costs beyond it is the
 framework's and the tracker's middlewares'. For the bench only (``run_http_bench`` starts it
@@ -42,11 +43,8 @@ def create_app() -> Any:
         status, data = 200, {"status": "ok"}
         parts = scope["path"].split("/")  # /v1/sessions/<id>/observe
         if scope["method"] == "POST" and len(parts) == 5 and parts[4] == "observe":
-            body = ObserveIn.model_validate_json(b"".join(chunks))
-            measurement = body.measurement.model_dump(exclude_none=True) if body.measurement else None
-            result = await anyio.to_thread.run_sync(
-                lambda: runtime.commands().observe(caller.internal(parts[3]), measurement=measurement)
-            )
+            command = ObserveIn.model_validate_json(b"".join(chunks)).to_command(parts[3])
+            result = await anyio.to_thread.run_sync(lambda: runtime.tracker().run(command, caller))
             data = result.to_data()
             data["session_id"] = parts[3]
         out = json.dumps(data, separators=(",", ":")).encode()

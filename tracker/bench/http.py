@@ -16,7 +16,7 @@ agent uses; each call carries an idempotency key, so they are compared with the 
 call given one, ``direct_keyed_*``), plain httpx (``httpx_client_cpu_ms``), a raw keep-alive
 ``http.client`` connection (``http_raw_client_*``, whose request the API's ``http_server_cpu_ms``
 is measured on), and the same raw connection against a bare ASGI app doing the same
-validation and the same ``Commands.observe`` (``bare_asgi_*``, :mod:`tracker.bench.bare_asgi`):
+validation and the same ``Observe`` command (``bare_asgi_*``, :mod:`tracker.bench.bare_asgi`):
 the floor any Python HTTP server has here. Every path is measured in ``ROUNDS`` interleaved
 rounds; figures are medians, with their ``[min, max]`` under ``spread``.
 """

@@ -122,7 +122,9 @@ def _holder(s: SessionState, attempt_id: Any, fencing_token: Any) -> Attempt | T
             return AttemptNotOpen(
                 f"attempt {attempt_id} already ended ({outcome})", attempt_id=attempt_id, outcome=outcome
             )
-        return UnknownAttempt(f"no open attempt {attempt_id} in session {s.session_id}", attempt_id=attempt_id)
+        return UnknownAttempt(
+            f"no open attempt {attempt_id} in this session", attempt_id=attempt_id, session_id=s.session_id
+        )
     if attempt.fencing_token != fencing_token:
         return NotAttemptHolder(
             f"fencing token {fencing_token} does not hold attempt {attempt_id}",
@@ -136,7 +138,7 @@ def _held(
 ) -> tuple[SessionState, list[ev.DomainEvent], Attempt | TrackerError]:
     """Expire overdue leases first (recorded either way), then check the caller holds the attempt."""
     if not state.started:
-        raise UnknownAttempt(f"session {state.session_id} has no attempts", attempt_id=attempt_id)
+        raise UnknownAttempt("the session has no attempts", attempt_id=attempt_id, session_id=state.session_id)
     events = expire_leases(state, now)
     s = fold(events, state.session_id, state)
     return s, events, _holder(s, attempt_id, fencing_token)

@@ -124,6 +124,11 @@ class SessionScope:
         with ``match`` start with; None: every stored id (the unscoped scope, nothing to match)."""
         return (self.prefix + match) or None
 
+    def start_policy(self) -> Any:
+        """The ``Policy`` this scope's new sessions start with; None: the Tracker's (a fleet's caller
+        says its fleet's: ``tracker.http.runtime.Caller``). (``Any``: policy.py builds on this module.)"""
+        return None
+
     @staticmethod
     def fleet_of(stored: str) -> str:
         """The fleet of a stored id: the text before its first ``FLEET_SEP`` ('' without one).

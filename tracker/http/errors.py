@@ -26,6 +26,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tracker import telemetry
+from tracker.core.model import SessionScope
 from tracker.errors import (
     COUNT_ERRORS,
     AttemptError,
@@ -151,8 +152,9 @@ GENERIC_MESSAGES: dict[str, str] = {
 }
 
 
-def error_body(exc: TrackerError, prefix: str | None = None) -> tuple[int, dict[str, Any]]:
-    """``(status, body)`` of an error; ``prefix`` (the caller's ``"<fleet_id>:"``) is removed from it.
+def error_body(exc: TrackerError, scope: SessionScope | None = None) -> tuple[int, dict[str, Any]]:
+    """``(status, body)`` of an error, its ``session_id`` (an error about a session carries it as a
+    field, never in its message) shown as ``scope``'s caller knows it (``SessionScope.external``).
 
     A 5xx body is the code and a generic message only (the detail is logged, never sent): a
     database or driver message names hosts, ports and internals a client has no business seeing.
@@ -162,27 +164,21 @@ def error_body(exc: TrackerError, prefix: str | None = None) -> tuple[int, dict[
         message = GENERIC_MESSAGES.get(exc.code, "the service cannot answer right now")
         return status, {"code": exc.code, "error": type(exc).__name__, "message": message}
     body = exc.to_dict()
-    if prefix:
-        body = _strip(body, prefix)
+    session_id = body.get("session_id")
+    if scope is not None and isinstance(session_id, str):
+        body["session_id"] = scope.external(session_id)
     return status, json.loads(json.dumps(body, default=str, allow_nan=False))
 
 
-def _strip(value: Any, prefix: str) -> Any:
-    """Remove the caller's fleet prefix from session ids in error bodies."""
-    if isinstance(value, str):
-        return value.replace(prefix, "")
-    if isinstance(value, dict):
-        return {k: _strip(v, prefix) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_strip(v, prefix) for v in value]
-    return value
-
-
 def error_response(
-    exc: TrackerError, *, prefix: str | None = None, metrics: Any = None, headers: dict[str, str] | None = None
+    exc: TrackerError,
+    *,
+    scope: SessionScope | None = None,
+    metrics: Any = None,
+    headers: dict[str, str] | None = None,
 ) -> JSONResponse:
     """The JSON response for ``exc`` (counted in ``metrics.errors``; 401 says ``WWW-Authenticate: Bearer``)."""
-    status, body = error_body(exc, prefix)
+    status, body = error_body(exc, scope)
     if metrics is not None:
         metrics.errors.labels(exc.code).inc()
     telemetry.annotate(telemetry.ERROR_CODE, exc.code)
@@ -201,7 +197,8 @@ def error_response(
 
 def _answer(request: Request, exc: TrackerError) -> JSONResponse:
     fleet = getattr(request.state, "fleet_id", None)
-    return error_response(exc, prefix=fleet + ":" if fleet else None, metrics=request.app.state.runtime.metrics)
+    scope = SessionScope(fleet) if fleet else None
+    return error_response(exc, scope=scope, metrics=request.app.state.runtime.metrics)
 
 
 async def on_tracker_error(request: Request, exc: TrackerError) -> JSONResponse:

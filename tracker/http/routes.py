@@ -1,7 +1,8 @@
 """The endpoints, as routers: probes, sessions, compactions, events.
 
-Commands go through the Tracker (``runtime.commands()``, which also counts what they
-decided), each in one trip to the thread pool, and answer their JSON already serialized;
+Commands are built from the request body once (``ObserveIn.to_command``, ...) and run by the
+Tracker for the caller's scope (``Tracker.run``: its hooks count what they decided), each in one
+trip to the thread pool, and answer their JSON already serialized;
 reads go through the read side (:mod:`tracker.queries`), on the read replica when one is set
 (``TRACKER_READ_DATABASE_URL``): the listing, history and feed; the session's state is read
 from the primary. Every ``/v1`` route takes the
@@ -30,7 +31,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, Literal, TypeVar
 
@@ -41,10 +41,11 @@ from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from tracker import queries
-from tracker.errors import InvalidInput, Unauthorized, UnknownSession
+from tracker.core.commands import Calibration, Command
+from tracker.errors import Unauthorized, UnknownSession
 from tracker.http.errors import responses
 from tracker.http.middleware import HotRoute
-from tracker.http.runtime import Caller, Commands, Runtime
+from tracker.http.runtime import Caller, Runtime
 from tracker.http.schemas import (
     API_PREFIX,
     MAX_POSITION,
@@ -89,7 +90,12 @@ def caller_of(request: Request) -> Caller:
     fleet_id = getattr(request.state, "fleet_id", None)
     if fleet_id is None:  # pragma: no cover - ApiMiddleware answers 401 first
         raise Unauthorized("an API key is required: Authorization: Bearer <token>")
-    return Caller(fleet_id)
+    return _caller(runtime_of(request), fleet_id)
+
+
+def _caller(runtime: Runtime, fleet_id: str) -> Caller:
+    """The fleet's scope; its new sessions start with its policy (looked up only by a command that may start one)."""
+    return Caller(fleet_id, runtime.fleet_policy)
 
 
 SessionPath = Path(
@@ -102,10 +108,10 @@ SessionPath = Path(
 AttemptPath = Path(..., min_length=1, max_length=200)
 
 
-async def _run(runtime: Runtime, command: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """``command(runtime.commands(), ...)`` in one trip to the thread pool. ``commands()`` is
-    resolved there too: on first need it builds the Tracker, which connects to the database."""
-    return await run_in_threadpool(lambda: command(runtime.commands(), *args, **kwargs))
+async def _run(runtime: Runtime, command: Command[T], caller: Caller) -> T:
+    """``command`` run by the Tracker for ``caller``, in one trip to the thread pool. The Tracker is
+    resolved there too: on first need it is built, which connects to the database."""
+    return await run_in_threadpool(lambda: runtime.tracker().run(command, caller))
 
 
 def _json(data: dict[str, Any], status_code: int = 200) -> Response:
@@ -172,23 +178,7 @@ async def observe(body: ObserveIn, request: Request, session_id: str = SessionPa
 
 async def _observe(runtime: Runtime, caller: Caller, session_id: str, body: ObserveIn) -> Response:
     """The observe endpoint's work, once its input is valid (the route's and the hot route's)."""
-    sid = caller.internal(session_id)
-    kwargs: dict[str, Any] = dict(
-        compaction_threshold=body.compaction_threshold,
-        scope=body.scope,
-        scope_confidence=body.scope_confidence,
-        overhead_tokens=body.overhead_tokens,
-        idempotency_key=body.idempotency_key,
-    )
-    if body.measurement is not None and body.request is None:
-        if body.model is not None or body.basis is not None:
-            raise InvalidInput("measurement", "model and basis belong inside the measurement when one is given")
-        kwargs["measurement"] = body.measurement.model_dump(exclude_none=True)
-    else:
-        if body.measurement is not None:
-            raise InvalidInput("request", "give exactly one of request or measurement")
-        kwargs.update(request=body.request, model=body.model, basis=body.basis)
-    result = await _run(runtime, Commands.observe, sid, **kwargs)
+    result = await _run(runtime, body.to_command(session_id), caller)
     data = result.to_data()
     data["session_id"] = session_id
     return _json(data)
@@ -199,7 +189,7 @@ async def report_usage(body: UsageIn, request: Request, session_id: str = Sessio
     """Record what the provider billed for the request of a measured ``basis`` (its response's usage):
     a calibration sample for the measured model in this fleet. The basis must be one of the session's
     last 8 measured, the model the measured one, every count plausible; else 422 naming the field."""
-    return await _report(request, Commands.report_usage, session_id, body)
+    return await _report(request, session_id, body)
 
 
 @sessions.post("/{session_id}/rejection", response_model=RejectionReportOut, responses=responses())
@@ -207,15 +197,12 @@ async def report_rejection(body: RejectionIn, request: Request, session_id: str 
     """Record that the provider refused the request of a measured ``basis`` as too long. Its count and
     limit are read from ``message`` unless given; from then on that basis decides at the hard limit
     (``compact``, ``wait`` or ``context_limit``), and a lower limit is learned for the model."""
-    return await _report(request, Commands.report_rejection, session_id, body)
+    return await _report(request, session_id, body)
 
 
-async def _report(
-    request: Request, command: Callable[..., Any], session_id: str, body: UsageIn | RejectionIn
-) -> Response:
+async def _report(request: Request, session_id: str, body: UsageIn | RejectionIn) -> Response:
     """A provider report for the caller's session, answered with ``Report.to_data()``."""
-    runtime, caller = runtime_of(request), caller_of(request)
-    report = await _run(runtime, command, caller.internal(session_id), **body.model_dump())
+    report = await _run(runtime_of(request), body.to_command(session_id), caller_of(request))
     data = report.to_data()
     data["session_id"] = session_id
     return _json(data)
@@ -265,7 +252,7 @@ async def observe_hot(
         body = ObserveIn.model_validate(data)
     except (ValidationError, RecursionError):
         return None
-    return await _observe(runtime, Caller(fleet_id), session_id, body)
+    return await _observe(runtime, _caller(runtime, fleet_id), session_id, body)
 
 
 @sessions.get("", response_model=SessionsOut, responses=responses())
@@ -298,8 +285,8 @@ def session_state(request: Request, session_id: str = SessionPath) -> dict[str, 
     runtime, caller = runtime_of(request), caller_of(request)
     # the primary, never the read replica: agents build their next basis on this state (read their writes)
     state = queries.session_state(runtime.tracker().store, session_id, scope=caller)
-    if state.version == 0:
-        raise UnknownSession(f"no session {session_id}", session_id=session_id)
+    if state.version == 0:  # (the field is the stored id: the error body shows it as the caller knows it)
+        raise UnknownSession(f"no session {session_id}", session_id=caller.internal(session_id))
     return _state_out(caller, state)
 
 
@@ -329,16 +316,8 @@ compactions = APIRouter(prefix=f"{API_PREFIX}/sessions/{{session_id}}/compaction
 @compactions.post("", response_model=AttemptOut, status_code=201, responses=responses(409))
 async def request_compaction(request: Request, body: ManualIn | None = None, session_id: str = SessionPath) -> Response:
     """Open a manual compaction attempt (regardless of pressure; at most one manual attempt open)."""
-    runtime, caller = runtime_of(request), caller_of(request)
-    body = body or ManualIn()
-    attempt = await _run(
-        runtime,
-        Commands.request_compaction,
-        caller.internal(session_id),
-        basis=body.basis,
-        overhead_tokens=body.overhead_tokens,
-        idempotency_key=body.idempotency_key,
-    )
+    command = (body or ManualIn()).to_command(session_id)
+    attempt = await _run(runtime_of(request), command, caller_of(request))
     return _json(attempt.to_data(), 201)
 
 
@@ -348,8 +327,7 @@ async def commit(
 ) -> Response:
     """Commit an open attempt you hold (``tokens_after`` = the counted size of the compacted context).
     ``tokens_after >= input_limit`` is recorded as a rejection and answered 409 ``summary_too_large``."""
-    args = (attempt_id, body.fencing_token, body.tokens_after)
-    return await _settle_attempt(request, Commands.commit, session_id, args, body.idempotency_key)
+    return await _settle_attempt(request, body.to_command(session_id, attempt_id))
 
 
 @compactions.post("/{attempt_id}/reject", response_model=SessionStateOut, responses=responses(404, 409))
@@ -357,16 +335,13 @@ async def reject(
     body: RejectIn, request: Request, session_id: str = SessionPath, attempt_id: str = AttemptPath
 ) -> Response:
     """Reject an open attempt you hold (the compaction failed); its basis is exhausted."""
-    args = (attempt_id, body.fencing_token, body.reject_reason)
-    return await _settle_attempt(request, Commands.reject, session_id, args, body.idempotency_key)
+    return await _settle_attempt(request, body.to_command(session_id, attempt_id))
 
 
-async def _settle_attempt(
-    request: Request, command: Callable[..., Any], session_id: str, args: tuple[Any, ...], key: str | None
-) -> Response:
-    """Commit or reject: ``command(session, *args)`` for the caller, answered with the session's state."""
-    runtime, caller = runtime_of(request), caller_of(request)
-    state = await _run(runtime, command, caller.internal(session_id), *args, idempotency_key=key)
+async def _settle_attempt(request: Request, command: Command[Any]) -> Response:
+    """Commit or reject for the caller, answered with the session's state."""
+    caller = caller_of(request)
+    state = await _run(runtime_of(request), command, caller)
     return _json(_state_out(caller, state))
 
 
@@ -438,7 +413,7 @@ async def fleet_calibration(request: Request) -> Response:
     median and p90 of billed / counted, the factor decisions use, drift of exact counters, the learned
     limit. Only this fleet's reports: another fleet's never show here nor move its decisions."""
     runtime, caller = runtime_of(request), caller_of(request)
-    rows = await _run(runtime, Commands.calibration, caller.fleet_id)
+    rows = await _run(runtime, Calibration(), caller)
     models = []
     for row in rows:
         data = row.to_data()

@@ -6,8 +6,8 @@ created, connecting to nothing, so the server starts (and ``/readyz`` says why) 
 database is down or unmigrated; until a database has answered at the newest schema once, the
 parts on it are refused with that typed error (503). What the commands decide is counted by
 the Tracker's own metrics hook (``tracker.metrics``, on this app's registry), as for any
-library call; the routes issue commands through :class:`Commands` and never count a decision
-themselves. The HTTP metrics (requests, latency, error codes) are ``tracker.http.metrics``.
+library call; the routes run the Tracker's commands for the :class:`Caller` (``Tracker.run``) and never
+count a decision themselves. The HTTP metrics (requests, latency, error codes) are ``tracker.http.metrics``.
 
 With ``TRACKER_READ_DATABASE_URL`` the read side -- ``store()`` and ``views()``: history, the
 sessions listing, the event feed, the console -- reads a streaming replica; the Tracker (every
@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tracker.bootstrap import App, build_app
@@ -34,10 +34,8 @@ from tracker.http.waits import Waits
 from tracker.settings import Settings
 
 if TYPE_CHECKING:  # pragma: no cover
-    from tracker.core import Attempt, Policy, SessionState
-    from tracker.core.ledger import ModelSummary
-    from tracker.core.reports import Report
-    from tracker.service import Result, Tracker
+    from tracker.core import Policy
+    from tracker.service import Tracker
     from tracker.store.base import EventStore, SessionViews
     from tracker.store.fleets import FleetStore
     from tracker.store.replica import ReplicaLag
@@ -45,56 +43,20 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger("tracker.http")
 
 
-class Commands:
-    """The Tracker's commands as the routes issue them (what they record is counted by its hooks).
-
-    ``policy_of(fleet_id)``: the policy a fleet's new sessions start with (None: the Tracker's),
-    passed to the two commands that may start a session."""
-
-    def __init__(self, tracker: Tracker, policy_of: Callable[[str], Policy | None] | None = None) -> None:
-        self._tracker = tracker
-        self._policy_of = policy_of or (lambda fleet_id: None)
-
-    def observe(self, session_id: str, **kwargs: Any) -> Result:
-        policy = self._policy_of(SessionScope.fleet_of(session_id))
-        return self._tracker.observe(session_id, policy=policy, **kwargs)
-
-    def request_compaction(self, session_id: str, **kwargs: Any) -> Attempt:
-        policy = self._policy_of(SessionScope.fleet_of(session_id))
-        return self._tracker.request_compaction(session_id, policy=policy, **kwargs)
-
-    def commit(
-        self, session_id: str, attempt_id: str, fencing_token: int, tokens_after: int, **kwargs: Any
-    ) -> SessionState:
-        return self._tracker.commit(session_id, attempt_id, fencing_token, tokens_after, **kwargs)
-
-    def reject(
-        self, session_id: str, attempt_id: str, fencing_token: int, reject_reason: str, **kwargs: Any
-    ) -> SessionState:
-        return self._tracker.reject(session_id, attempt_id, fencing_token, reject_reason, **kwargs)
-
-    def wait(self, session_id: str, attempt_id: str, **kwargs: Any) -> str:
-        return self._tracker.wait(session_id, attempt_id, **kwargs)
-
-    def report_usage(self, session_id: str, **kwargs: Any) -> Report:
-        return self._tracker.report_usage(session_id, **kwargs)
-
-    def report_rejection(self, session_id: str, **kwargs: Any) -> Report:
-        return self._tracker.report_rejection(session_id, **kwargs)
-
-    def calibration(self, fleet_id: str) -> list[ModelSummary]:
-        """What calibration knows of ``fleet_id``'s models (only its own sessions' reports)."""
-        return self._tracker.calibration(fleet_id)
-
-
 # -- the caller ---------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class Caller(SessionScope):
-    """The authenticated fleet: its ``SessionScope`` (sessions stored as ``"<fleet_id>:<session_id>"``)."""
+    """The authenticated fleet: its ``SessionScope`` (sessions stored as ``"<fleet_id>:<session_id>"``)
+    and the policy its new sessions start with (``policies(fleet_id)``, looked up when a command may
+    start a session, in the thread that runs it: None, or no lookup, is the Tracker's)."""
 
     fleet_id: str
+    policies: Callable[[str], Policy | None] | None = field(default=None, compare=False, repr=False)
+
+    def start_policy(self) -> Policy | None:
+        return self.policies(self.fleet_id) if self.policies is not None else None
 
 
 # -- the runtime --------------------------------------------------------------------------------
@@ -112,7 +74,6 @@ class Runtime:
         self.metrics = Metrics()
         self.app: App = build_app(settings, tracker=tracker, registry=self.metrics.registry)
         self.metrics.watch(self)
-        self._commands = Commands(self.app.tracker, self.fleet_policy)
         self._primary_ok = False  # the primary answered at the newest schema once
         self._read_ok = False  # the read side did
         self._redis: Any = None
@@ -135,10 +96,6 @@ class Runtime:
 
     def tracker(self) -> Tracker:
         return self._primary().tracker
-
-    def commands(self) -> Commands:
-        self._primary()
-        return self._commands
 
     def fleet_policy(self, fleet_id: str) -> Policy | None:
         """The policy ``fleet_id``'s new sessions start with; None: the Tracker's (cached, ``FleetStore.policy_of``)."""

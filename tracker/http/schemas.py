@@ -19,10 +19,12 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model
 
 from tracker.core import Attempt, Decision, Policy, SessionState, check_text
+from tracker.core.commands import Commit, Observe, Reject, ReportRejection, ReportUsage, RequestCompaction
 from tracker.core.events import DomainEvent, ProviderRejected, UsageReported
 from tracker.core.model import FLEET_ID_LEN, JSON_SAFE_INT, MAX_SESSION_ID_LEN, Quality, SessionScope
 from tracker.core.provider_errors import MAX_MESSAGE_CHARS
 from tracker.core.state import LastMeasurement
+from tracker.errors import InvalidInput
 from tracker.store import StoredEvent
 
 API_PREFIX = "/v1"
@@ -40,8 +42,6 @@ MAX_VERSION = 2**31 - 1
 
 def _safe_text(value: str) -> str:
     """No control characters (they would reach an operator's terminal) and no lone surrogates."""
-    from tracker.errors import InvalidInput
-
     try:
         return check_text("text", value, max_len=len(value) or 1)
     except InvalidInput as exc:
@@ -99,11 +99,24 @@ class ObserveIn(_In):
     overhead_tokens: int | None = Field(None, strict=True, ge=0, le=JSON_SAFE_INT)
     idempotency_key: SafeText | None = Field(None, min_length=1, max_length=200)
 
+    def to_command(self, session_id: str) -> Observe:
+        """The ``Observe`` command of this body (the one rule of the wire's own: a given measurement
+        carries its model and basis inside it)."""
+        measurement = None
+        if self.measurement is not None:
+            if self.request is None and (self.model is not None or self.basis is not None):
+                raise InvalidInput("measurement", "model and basis belong inside the measurement when one is given")
+            measurement = self.measurement.model_dump(exclude_none=True)
+        return Observe(session_id, **{**dict(self), "measurement": measurement})  # (dict(): the fields, shallow)
+
 
 class ManualIn(_In):
     basis: SafeText | None = Field(None, min_length=1, max_length=220)
     overhead_tokens: int | None = Field(None, strict=True, ge=0, le=JSON_SAFE_INT)
     idempotency_key: SafeText | None = Field(None, min_length=1, max_length=200)
+
+    def to_command(self, session_id: str) -> RequestCompaction:
+        return RequestCompaction(session_id, **dict(self))
 
 
 class CommitIn(_In):
@@ -111,11 +124,17 @@ class CommitIn(_In):
     tokens_after: int = Field(..., strict=True, ge=0, le=JSON_SAFE_INT)
     idempotency_key: SafeText | None = Field(None, min_length=1, max_length=200)
 
+    def to_command(self, session_id: str, attempt_id: str) -> Commit:
+        return Commit(session_id, attempt_id, **dict(self))
+
 
 class RejectIn(_In):
     fencing_token: int = Field(..., strict=True, ge=-JSON_SAFE_INT, le=JSON_SAFE_INT)
     reject_reason: SafeText = Field(..., min_length=1, max_length=200)
     idempotency_key: SafeText | None = Field(None, min_length=1, max_length=200)
+
+    def to_command(self, session_id: str, attempt_id: str) -> Reject:
+        return Reject(session_id, attempt_id, **dict(self))
 
 
 class UsageIn(_In):
@@ -137,6 +156,9 @@ class UsageIn(_In):
     cache_read_tokens: int | None = Field(None, strict=True, ge=0, le=JSON_SAFE_INT)
     cache_write_tokens: int | None = Field(None, strict=True, ge=0, le=JSON_SAFE_INT)
     idempotency_key: SafeText | None = Field(None, min_length=1, max_length=200)
+
+    def to_command(self, session_id: str) -> ReportUsage:
+        return ReportUsage(session_id, **dict(self))
 
 
 class RejectionIn(_In):
@@ -161,6 +183,9 @@ class RejectionIn(_In):
     input_limit: int | None = Field(None, strict=True, gt=0, le=JSON_SAFE_INT, description="the provider's limit")
     model: SafeText | None = Field(None, min_length=1, max_length=301, description="the measured model")
     idempotency_key: SafeText | None = Field(None, min_length=1, max_length=200)
+
+    def to_command(self, session_id: str) -> ReportRejection:
+        return ReportRejection(session_id, **dict(self))
 
 
 # -- responses: views of the core's dataclasses -------------------------------------------------

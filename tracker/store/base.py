@@ -104,7 +104,7 @@ def conflict_error(sid: str, expected: int, actual: int, state: dict[str, Any] |
             session_id=sid,
         )
     conflict = ConcurrencyConflict(
-        f"session {sid}: expected version {expected}, but the stream is at {actual}",
+        f"expected version {expected}, but the stream is at {actual}",
         session_id=sid,
         expected=expected,
         actual=actual,
