@@ -5,7 +5,7 @@ input where there is one) with a stable ``code``. :data:`ERROR_STATUS` is the on
 from error class to HTTP status; it is looked up along the exception's MRO, so the most
 specific class listed wins, and anything else is 500 (``internal_error`` when it is not a
 ``TrackerError``). The OpenAPI document's error descriptions are generated from it, and so
-is the table in the README: ``python -m tracker.http.errors`` prints it.
+is the table in docs/http-api.md: ``python -m tracker.http.errors`` prints it.
 
 Refusals that are decisions are on the record before the caller hears about them
 (:data:`RECORDED_REFUSALS`); every other 4xx writes nothing.
@@ -260,5 +260,5 @@ EXCEPTION_HANDLERS: dict[Any, Any] = {
 }
 
 
-if __name__ == "__main__":  # pragma: no cover - prints the README's table
+if __name__ == "__main__":  # pragma: no cover - prints docs/http-api.md's table
     print(markdown_table())

@@ -1,7 +1,7 @@
 /**
  * The canonical form of a request / history and its digest: a port of
  * tracker/counting/request.py (`CanonicalRequest.from_dict`, `canonical_json`) and of the
- * history digest of tracker/integrations/_compaction.py. docs/canonical-request.md is the
+ * history digest of tracker/integrations/compaction/. docs/canonical-request.md is the
  * contract; docs/vectors/basis.json holds inputs with the digests Python computes, checked here
  * (test/canonical.test.mjs) and in Python (tests/unit/test_basis_vectors.py).
  *

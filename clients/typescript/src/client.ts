@@ -1,6 +1,6 @@
 /**
  * `TrackerClient`: the HTTP API of `tracker serve`, with the Python client's behaviour on the wire
- * (tracker/client.py):
+ * (tracker/client/):
  *
  * - every mutating call carries an `idempotency_key` (yours, or one generated for the call) and a
  *   retry of that call reuses it, so a retried call gets the original answer and never records twice;
