@@ -24,7 +24,7 @@ from tests.support.cli import Cli
 from tests.support.db import create_pg_database, drop_pg_database
 from tests.support.db import sqlalchemy_url as _sqlalchemy_url
 from tests.support.procs import free_port
-from tracker.bench.procs import start_server, stop_server
+from tests.support.bench import start_server, stop_server
 from tracker.store import head_revision
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]

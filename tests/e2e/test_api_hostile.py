@@ -29,7 +29,7 @@ import pytest
 
 from tests.support.api import api_server, settled_feed
 from tests.support.procs import free_port
-from tracker.bench.procs import stop_server
+from tests.support.bench import stop_server
 from tracker.http.errors import codes_by_status
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]

@@ -26,7 +26,7 @@ from tests.support.procs import PrivateRedis
 from tests.support.topology import Balancer, Replicas, missing, observe_rate, run_http_race
 from tracker.client import TrackerClient
 
-pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.xdist_group("serial")]
+pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.serial]
 
 PROCS = 12
 SESSIONS = 3

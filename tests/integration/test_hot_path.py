@@ -17,10 +17,12 @@ import redis
 from tests.support.cli import run_tracker
 from tests.support.measurements import measurement
 from tests.support.procs import PrivateRedis, racing_context
-from tracker.bench.store import CountingProjector
+from tests.support.bench import CountingProjector
 from tracker.core import SessionProjector
 from tracker.errors import ConcurrencyConflict
 from tracker.store import NewEvent, open_store, upgrade, verify_projections
+
+pytestmark = pytest.mark.serial  # CPU-sensitive: runs alone (tests/support/plugin.py)
 
 
 def ev(**data) -> NewEvent:  # noqa: ANN003

@@ -11,7 +11,7 @@ import random
 import pytest
 from prometheus_client import CollectorRegistry
 
-from tests.support.sim_provider import CODING_AGENT, SimProvider, session
+from tests.support.bench import CODING_AGENT, SimProvider, session
 from tracker.counting.backends import InProcessCounting
 from tracker.counting.registry import ModelRegistry
 from tracker.errors import InvalidInput

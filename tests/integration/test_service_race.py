@@ -26,6 +26,8 @@ from tracker.core.state import SessionState, apply
 from tracker.store import open_store, verify_projections
 from tracker.store.migrate import upgrade
 
+pytestmark = pytest.mark.serial  # CPU-sensitive: runs alone (tests/support/plugin.py)
+
 PROCS = int(os.environ.get("TRACKER_RACE_PROCS", "16"))
 ROUNDS = int(os.environ.get("TRACKER_RACE_ROUNDS", "100"))
 LIMIT = 1000

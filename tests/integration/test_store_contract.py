@@ -16,8 +16,6 @@ from typing import Any
 import pytest
 from sqlalchemy import create_engine, text
 
-from tests.support.db import create_pg_database, drop_pg_database
-from tests.support.db import sqlalchemy_url as _sqlalchemy_url
 from tracker.errors import ConcurrencyConflict, InvalidInput, InvalidSessionId, SchemaOutOfDate, StoreError
 from tracker.settings import normalize_database_url
 from tracker.store import MemoryEventStore, NewEvent, StoredEvent, migrate, open_store, upgrade, verify_projections
@@ -71,11 +69,7 @@ def backend(request, tmp_path):
     elif request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'tracker.db'}"
     else:
-        name, url = create_pg_database()
-        try:
-            yield _sqlalchemy_url(url)
-        finally:
-            drop_pg_database(name)
+        yield request.getfixturevalue("pg_url")  # (a ``feed`` test's is on the private cluster)
 
 
 @pytest.fixture
@@ -260,6 +254,7 @@ def test_read_stream_ranges(store, monkeypatch):
         store.read_stream("bad id!")
 
 
+@pytest.mark.feed
 def test_read_all_is_ordered_and_pages(store):
     rng = random.Random(3)
     versions: dict[str, int] = {}
@@ -292,6 +287,7 @@ def test_read_all_is_ordered_and_pages(store):
         store.read_all(0, limit=0)
 
 
+@pytest.mark.feed
 def test_read_all_session_prefix_filters_exactly_and_pages(store):
     """``session_prefix``: only sessions whose id starts with it -- case-sensitive, '_' / '%' literal."""
     rng = random.Random(5)

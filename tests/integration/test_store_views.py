@@ -281,6 +281,7 @@ def test_find_by_data(store, views, mixed):
             views.find_by_data("mix", kinds, key, "a5")
 
 
+@pytest.mark.feed
 def test_the_feed_held_back_by_a_transaction_in_another_database_and_the_gauges_say_so(store, views, db_url):
     """PostgreSQL's feed shows an event once every transaction that took an id before it has ended,
     on the whole server: a transaction left open in *another* database holds this one's feed back.
@@ -291,7 +292,7 @@ def test_the_feed_held_back_by_a_transaction_in_another_database_and_the_gauges_
     assert settled(views.feed_held, lambda held: held == (0, None)) == (0, None)
     if not db_url.startswith("postgresql"):
         return
-    with transaction_open_elsewhere() as end:
+    with transaction_open_elsewhere(db_url) as end:
         held = store.append("a", 1, [ev("Tick"), ev("Tick")])
         time.sleep(0.3)
         assert store.read_all(first.positions[-1]) == []  # held back (read_stream is not)

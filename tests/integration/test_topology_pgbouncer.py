@@ -22,7 +22,7 @@ from tracker.service import Tracker
 from tracker.settings import Settings, normalize_database_url
 from tracker.store import check_schema, make_engine, open_store, upgrade, verify_projections
 
-pytestmark = [pytest.mark.postgres]
+pytestmark = [pytest.mark.serial, pytest.mark.postgres]
 
 
 def _measurement(basis: str, used: int) -> dict:

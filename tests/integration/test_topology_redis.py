@@ -24,7 +24,7 @@ from tracker.errors import InvalidSetting
 from tracker.settings import Settings, parse_redis_url
 from tracker.store.migrate import upgrade
 
-pytestmark = [pytest.mark.redis]
+pytestmark = [pytest.mark.serial, pytest.mark.redis]
 
 PROCS = 4
 

@@ -34,7 +34,7 @@ from tests.support.api import settled_feed
 from tests.support.cli import run_tracker
 from tests.support.measurements import measurement
 from tests.support.topology import PgReplication, postgres_bin, wait_for
-from tracker.bench.procs import free_port, start_server, stop_server
+from tests.support.bench import free_port, start_server, stop_server
 from tracker.bootstrap import build_lag_probe, build_read_store, build_store, read_only_url
 from tracker.core import SessionProjector
 from tracker.errors import InvalidSetting, StoreError, StoreUnavailable
@@ -43,7 +43,7 @@ from tracker.settings import Settings
 from tracker.store import NewEvent, make_engine, open_store, upgrade
 from tracker.store.fleets import FleetStore
 
-pytestmark = [pytest.mark.postgres]
+pytestmark = [pytest.mark.serial, pytest.mark.postgres]
 
 DB = "tracker"
 MAX_LAG_S = 1.0

@@ -26,9 +26,9 @@ from typing import Any
 
 import httpx
 
+from tests.support.bench import free_port, start_server, stop_server
 from tests.support.cli import Cli, clean_env
 from tests.support.db import REDIS_URL, scratch_database, settled
-from tracker.bench.procs import free_port, start_server, stop_server
 
 
 @dataclass
@@ -122,10 +122,12 @@ def api_server(
     log: Path | None = None,
     prefix: str = "ct",
     extra_args: Sequence[str] = (),
+    admin_url: str | None = None,
     **settings: str,
 ) -> Iterator[ApiServer]:
-    """A ``tracker serve`` subprocess on a free loopback port over a fresh, upgraded database."""
-    with scratch_database(prefix, upgrade=True) as db_url:
+    """A ``tracker serve`` subprocess on a free loopback port over a fresh, upgraded database (on the
+    shared server, or on the one at ``admin_url``: a private cluster's)."""
+    with scratch_database(prefix, upgrade=True, admin_url=admin_url) as db_url:
         env = clean_env() if clean else dict(os.environ)
         env.pop("TRACKER_BROKER_URL", None)
         env.pop("TRACKER_REDIS_URL", None)

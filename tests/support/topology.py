@@ -36,8 +36,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Self
 
+from tests.support.bench import free_port
 from tests.support.measurements import measurement
-from tracker.bench.procs import free_port
 
 __all__ = [
     "Balancer",
@@ -762,7 +762,7 @@ def run_race(
 @contextlib.contextmanager
 def scratch_database(admin_libpq_url: str, prefix: str = "ct_topo") -> Iterator[tuple[str, str]]:
     """A fresh database on the server (created directly, not through a pooler): (name, libpq url); dropped after."""
-    from tracker.bench.procs import create_scratch_db, drop_scratch_db
+    from tests.support.bench import create_scratch_db, drop_scratch_db
 
     name, url = create_scratch_db(admin_libpq_url, prefix)
     try:
@@ -1008,7 +1008,7 @@ class Replicas:
             proc.wait(10)
 
     def close(self) -> None:
-        from tracker.bench.procs import stop_server
+        from tests.support.bench import stop_server
 
         for i, proc in enumerate(self.procs):
             if proc is not None:

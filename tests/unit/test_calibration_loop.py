@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from tests.support.provider_loop import COUNTING, MODEL, assert_within_band, observe_session, tracker, train
-from tracker.bench.calibration import CASES as BENCH_CASES
-from tracker.bench.sim_provider import (
+from tests.support.bench import CASES as BENCH_CASES
+from tests.support.bench import (
     ANTHROPIC_LIKE,
     CODING_AGENT,
     Profile,
