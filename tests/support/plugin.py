@@ -147,6 +147,16 @@ def redis_prefix():
 # -- the module's server: clients of its two fleets --------------------------------------------------
 
 
+@pytest.fixture(scope="module")
+def server(request) -> Iterator[Any]:
+    """``tracker serve`` for the module: ``api_server(**API_SERVER)`` with the module's ``API_SERVER``
+    settings (fleets, ``TRACKER_*`` settings...; tests/support/api.py). A module may define its own."""
+    from tests.support.api import api_server
+
+    with api_server(**getattr(request.module, "API_SERVER", {})) as s:
+        yield s
+
+
 @pytest.fixture
 def a(server):
     """An HTTP client of the module's ``server`` with fleet A's key."""
