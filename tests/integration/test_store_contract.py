@@ -3,7 +3,7 @@
 ``store`` is each of the three (``backend``). A test that is about something only a database
 has -- a second store instance on the same database (another process), rows edited behind the
 store's back, the schema's migrations -- runs on the two SQL backends only (``sql_store`` on
-``db_url``) and says so. The read side's views (listings, narrow reads): ``tests/test_store_views.py``.
+``db_url``) and says so. The read side's views (listings, narrow reads): ``tests/integration/test_store_views.py``.
 """
 
 from __future__ import annotations
@@ -16,49 +16,11 @@ from typing import Any
 import pytest
 from sqlalchemy import create_engine, text
 
+from tests.support.toy_store import ToyProjector, ev, execute_sql, fold
 from tracker.errors import ConcurrencyConflict, InvalidInput, InvalidSessionId, SchemaOutOfDate, StoreError
 from tracker.settings import normalize_database_url
 from tracker.store import MemoryEventStore, NewEvent, StoredEvent, migrate, open_store, upgrade, verify_projections
 from tracker.store import sql as store_sql
-
-
-class ToyProjector:
-    """Counts events by type; 'pressure' follows the last Pressure event's level."""
-
-    def initial(self, session_id: str) -> dict[str, Any]:
-        return {"session_id": session_id, "count": 0, "by_type": {}, "pressure": "normal", "last_version": 0, "sum": 0}
-
-    def apply(self, state: dict[str, Any], event: StoredEvent) -> dict[str, Any]:
-        by_type = dict(state["by_type"])
-        by_type[event.type] = by_type.get(event.type, 0) + 1
-        pressure = event.data.get("level", state["pressure"]) if event.type == "Pressure" else state["pressure"]
-        return {
-            **state,
-            "count": state["count"] + 1,
-            "by_type": by_type,
-            "pressure": pressure,
-            "last_version": event.version,
-            "sum": state["sum"] + int(event.data.get("n", 0)),
-        }
-
-    def columns(self, state: dict[str, Any]) -> dict[str, Any]:
-        return {
-            "pressure": state["pressure"],
-            "revision": 1 + state["by_type"].get("Compacted", 0),
-            "occupancy_bp": state["sum"] if state["count"] else None,
-            "open_attempts": state["by_type"].get("Started", 0) - state["by_type"].get("Compacted", 0),
-        }
-
-
-def fold(projector: ToyProjector, session_id: str, events: list[StoredEvent]) -> dict[str, Any]:
-    state = projector.initial(session_id)
-    for e in events:
-        state = projector.apply(state, e)
-    return json.loads(json.dumps(state))
-
-
-def ev(type_: str = "Tick", **data: Any) -> NewEvent:
-    return NewEvent(type_, data)
 
 
 @pytest.fixture(params=["memory", "sqlite", "postgres"])
@@ -104,15 +66,6 @@ def count_rows(url: str, table: str) -> int:
     try:
         with engine.connect() as conn:
             return conn.execute(text(f"SELECT count(*) FROM {table}")).scalar_one()
-    finally:
-        engine.dispose()
-
-
-def execute_sql(url: str, sql: str, **params: Any) -> None:
-    engine = create_engine(normalize_database_url(url))
-    try:
-        with engine.begin() as conn:
-            conn.execute(text(sql), params)
     finally:
         engine.dispose()
 

@@ -4,7 +4,7 @@ and real PostgreSQL (``db_url``).
 The views are SQL only: listings and the session page's narrow reads are statements on the event
 store's database (through its indexes: migrations 0005 and the sessions' keyset index), built on
 the store's engine by ``tracker.bootstrap.build_views``. The ``EventStore`` contract itself, which
-the in-memory store meets too, is ``tests/test_store_contract.py``.
+the in-memory store meets too, is ``tests/integration/test_store_contract.py``.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from tests.integration.test_store_contract import ToyProjector, ev, execute_sql, fold
 from tests.support.db import feed_shows, settled, transaction_open_elsewhere
+from tests.support.toy_store import ToyProjector, ev, execute_sql, fold
 from tracker.bootstrap import build_views
 from tracker.errors import InvalidInput, InvalidSessionId
 from tracker.queries import fleet_gauges
