@@ -14,10 +14,10 @@ import psycopg
 import pytest
 import redis
 
+from tests.support.bench import CountingProjector
 from tests.support.cli import run_tracker
 from tests.support.measurements import measurement
 from tests.support.procs import PrivateRedis, racing_context
-from tests.support.bench import CountingProjector
 from tracker.core import SessionProjector
 from tracker.errors import ConcurrencyConflict
 from tracker.store import NewEvent, open_store, upgrade, verify_projections

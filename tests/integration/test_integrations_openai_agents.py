@@ -644,9 +644,9 @@ def server(tmp_path_factory):
 
     from sqlalchemy import create_engine
 
+    from tests.support.bench import free_port, start_server, stop_server
     from tests.support.db import REDIS_URL, create_pg_database, drop_pg_database
     from tests.support.db import sqlalchemy_url as _sqlalchemy_url
-    from tests.support.bench import free_port, start_server, stop_server
     from tracker.store.fleets import FleetStore
 
     models = tmp_path_factory.mktemp("oa-server") / "models.json"

@@ -20,8 +20,8 @@ import traceback
 import pytest
 from sqlalchemy import create_engine, text
 
-from tests.support.procs import racing_context
 from tests.support.bench import CountingProjector
+from tests.support.procs import racing_context
 from tracker.errors import ConcurrencyConflict
 from tracker.settings import normalize_database_url
 from tracker.store import NewEvent, open_store, upgrade, verify_projections

@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 from sqlalchemy import create_engine, text
 
+from tests.support.bench import CountingProjector
 from tests.support.db import create_pg_database, drop_pg_database
 from tests.support.db import sqlalchemy_url as _sqlalchemy_url
-from tests.support.bench import CountingProjector
 from tracker.bootstrap import build_views
 from tracker.errors import (
     ConcurrencyConflict,

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import pytest
 
-from tracker.audit.story import MAX_POINTS, account, build_story, read_story
 from tests.support.bench import build_session
+from tracker.audit.story import MAX_POINTS, account, build_story, read_story
 from tracker.bootstrap import build_views
 from tracker.core import SessionProjector
 from tracker.store import NewEvent, open_store, upgrade

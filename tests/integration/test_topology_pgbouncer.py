@@ -14,8 +14,10 @@ import time
 import pytest
 
 from tests.support.db import PG_ADMIN_URL
+from tests.support.loopback import missing
 from tests.support.measurements import measurement
-from tests.support.topology import PgBouncer, missing, run_race, scratch_database, terminate_backends
+from tests.support.pgbouncer import PgBouncer, terminate_backends
+from tests.support.races import run_race, scratch_database
 from tracker.core import SessionProjector
 from tracker.errors import StoreError
 from tracker.service import Tracker

@@ -1,4 +1,4 @@
-"""Coordination on Redis Cluster and Sentinel, started for real (tests/support/topology.py).
+"""Coordination on Redis Cluster and Sentinel, started for real (tests/support/redis_topologies.py).
 
 A 3-master Cluster with one replica per master, and a Sentinel watching a primary and a
 replica. Single-flight must hold through a failover of either: real processes race on one
@@ -18,7 +18,10 @@ import pytest
 import redis
 
 from tests.support.cli import run_tracker
-from tests.support.topology import RedisClusterTopology, SentinelTopology, free_port, missing, run_race
+from tests.support.loopback import missing
+from tests.support.procs import free_port
+from tests.support.races import run_race
+from tests.support.redis_topologies import RedisClusterTopology, SentinelTopology
 from tracker.coordination import RedisCoordinator, coordinator_from_url
 from tracker.errors import InvalidSetting
 from tracker.settings import Settings, parse_redis_url

@@ -31,10 +31,11 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from tests.support.api import settled_feed
-from tests.support.cli import run_tracker
-from tests.support.measurements import measurement
-from tests.support.topology import PgReplication, postgres_bin, wait_for
 from tests.support.bench import free_port, start_server, stop_server
+from tests.support.cli import run_tracker
+from tests.support.loopback import wait_for
+from tests.support.measurements import measurement
+from tests.support.replicas import PgReplication, postgres_bin
 from tracker.bootstrap import build_lag_probe, build_read_store, build_store, read_only_url
 from tracker.core import SessionProjector
 from tracker.errors import InvalidSetting, StoreError, StoreUnavailable

@@ -24,6 +24,7 @@ RACER_PRELOAD = [
     "tracker.store.postgres",
     "redis",
     "psycopg",
+    "tests.support.races",
 ]
 
 
