@@ -147,8 +147,12 @@ def test_the_pooler_bench_measures_both_sides_in_one_run(bouncer):
     from tracker.bench.pooler import run_pooler_bench
 
     out = run_pooler_bench(PG_ADMIN_URL, quick=True, process_counts=(1,))
+    assert set(out) == {"direct", "pgbouncer_transaction", "pgbouncer_vs_direct"}
     for side in ("direct", "pgbouncer_transaction"):
-        assert out[side]["1"]["observe_per_s"] > 0 and out[side]["1"]["ms_p50"] > 0
-    assert out["pgbouncer_vs_direct"]["1"] == round(
-        out["pgbouncer_transaction"]["1"]["observe_per_s"] / out["direct"]["1"]["observe_per_s"], 3
-    )
+        fig = out[side]["1"]
+        assert fig["observe_per_s"] > 0 and 0 < fig["ms_p50"] <= fig["ms_p99"], fig
+        # the rate and the latencies are two measurements of the same calls: one process whose median
+        # observe takes p50 ms spends at least half its calls that long, so it cannot make more than
+        # 2000 / p50 a second (10 % for the last call, which may end past the window)
+        assert fig["observe_per_s"] * fig["ms_p50"] <= 2000 * 1.1, fig
+    assert isinstance(out["pgbouncer_vs_direct"]["1"], float) and out["pgbouncer_vs_direct"]["1"] > 0

@@ -28,7 +28,6 @@ import uuid
 
 import httpx
 import pytest
-from sqlalchemy.engine import make_url
 
 from tests.support.api import settled_feed
 from tests.support.bench import free_port, start_server, stop_server
@@ -38,7 +37,7 @@ from tests.support.measurements import measurement
 from tests.support.replicas import PgReplication, postgres_bin
 from tracker.bootstrap import build_lag_probe, build_read_store, build_store, read_only_url
 from tracker.core import SessionProjector
-from tracker.errors import InvalidSetting, StoreError, StoreUnavailable
+from tracker.errors import StoreError, StoreUnavailable
 from tracker.service import Tracker
 from tracker.settings import Settings
 from tracker.store import NewEvent, make_engine, open_store, upgrade
@@ -477,21 +476,6 @@ def test_the_cli_read_commands_read_the_replica(repl):
     assert [e["version"] for e in exported if e["session_id"] == sid] == [1, 2]
     assert listed[sid]["version"] == 2
     assert [step["version"] for step in replayed] == [1, 2]
-
-
-def test_the_settings_and_the_read_only_url():
-    s = Settings.of(read_database_url="postgres://u:secret@replica:5432/db", read_max_lag_s=5)
-    assert s.store.read_database_url == "postgresql+psycopg://u:secret@replica:5432/db"
-    assert s.store.read_max_lag_s == 5.0 and Settings().store.read_database_url is None
-    assert ("TRACKER_READ_DATABASE_URL", "postgresql+psycopg://u:********@replica:5432/db", "store") in s.describe()
-    for bad in ("0", "-1", "inf", "soon"):
-        with pytest.raises(InvalidSetting, match="TRACKER_READ_MAX_LAG_S"):
-            Settings.load({"TRACKER_READ_MAX_LAG_S": bad})
-    url = read_only_url("postgresql+psycopg://u@h/db?options=-c%20statement_timeout%3D5s")
-    assert make_url(url).query["options"] == "-c statement_timeout=5s -c default_transaction_read_only=on"
-    assert read_only_url(url) == url  # once
-    assert read_only_url("postgresql+psycopg://u@h/db", "transaction") == "postgresql+psycopg://u@h/db"
-    assert read_only_url("sqlite:///x.db") == "sqlite:///x.db"
 
 
 def test_a_stopped_replica_fails_the_read_side_with_a_typed_error(repl):
