@@ -2,7 +2,7 @@
 
 One ``tracker serve`` on a fresh PostgreSQL database. Fleet alpha's session ``calib-1`` is a coding
 agent on ``claude-sonnet-4-5`` (counted by the heuristic, no API key): every request is measured
-through the real ``Tracker`` and billed by the simulated provider (tests/support/sim_provider.py)
+through the real ``Tracker`` and billed by the simulated provider (tracker/bench/sim_provider.py)
 through ``report_usage``, so after 20 reports its counts are calibrated; then the provider rejects
 one request as too long (its billed count over a limit just under it), the next measurement is
 decided against that learned limit and compacts, and the session goes on at r2. ``exact-1`` counts ``gpt-4o``
