@@ -10,8 +10,8 @@ import pytest
 
 from tests.support.cli import run_tracker
 from tests.support.db import PG_ADMIN_URL, REDIS_URL
+from tests.support.procs import free_port
 from tracker.bench import SECTIONS, Targets, run_bench
-from tracker.bench.procs import free_port
 from tracker.settings import Settings
 
 

@@ -18,8 +18,6 @@ import tempfile
 import uuid
 from pathlib import Path
 
-from tests.support.procs import free_port
-
 
 def pg_bin() -> Path | None:
     """The newest PostgreSQL server binaries' folder (Debian's ``postgresql`` package), or None."""
@@ -41,6 +39,8 @@ def unavailable() -> str | None:
 
 class PrivateCluster:
     def __init__(self, bindir: Path, prefix: str = "ct_pg_") -> None:
+        from tests.support.procs import free_port
+
         self.bindir = bindir
         self.root = Path(tempfile.mkdtemp(prefix=prefix))
         self.data = self.root / "data"

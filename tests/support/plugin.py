@@ -2,8 +2,9 @@
 
 Fixtures: databases (``pg_url``, ``sqlite_url``, ``db_url`` over both backends, ``redis_url``,
 ``redis_prefix``), ``private_pg`` (this process's private PostgreSQL cluster), the HTTP clients ``a``
-and ``b`` of fleet A and fleet B of the module's ``server`` (an :class:`~tests.support.api.ApiServer`),
-and a browser (``browser``, ``page``; signing in and screenshots are tests/support/browser.py).
+and ``b`` of fleet A and fleet B of the module's ``server`` (an :class:`~tests.support.api.ApiServer`;
+``server`` itself is ``api_server(**API_SERVER)`` unless the module defines one), and a browser
+(``browser``, ``page``; signing in and screenshots are tests/support/browser.py).
 
 Markers:
 
