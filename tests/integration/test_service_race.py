@@ -29,11 +29,6 @@ pytestmark = pytest.mark.serial  # CPU-sensitive: runs alone (tests/support/plug
 
 PROCS = int(os.environ.get("TRACKER_RACE_PROCS", "16"))
 ROUNDS = int(os.environ.get("TRACKER_RACE_ROUNDS", "100"))
-LIMIT = 1000
-
-
-def _measurement(basis: str, used: int) -> dict:
-    return measurement(basis, used, LIMIT)
 
 
 def run_race(db_url: str, redis_url: str | None, during=None) -> tuple[dict, list[dict]]:
@@ -131,7 +126,7 @@ def _holder(db_url: str, session_id: str, ready: mp.synchronize.Event) -> None:
     from tracker.service import Tracker
 
     t = Tracker(open_store(db_url, projector=SessionProjector()), policy=Policy(attempt_lease_s=1.0))
-    r = t.observe(session_id, measurement=_measurement("r1:a", 900))
+    r = t.observe(session_id, measurement=measurement("r1:a", 900))
     assert r.action == "compact"
     ready.set()
     time.sleep(3600)  # holds the attempt until killed
@@ -152,9 +147,9 @@ def test_kill_9_holder_then_lease_expires(race_db):
     try:
         assert t.state(sid).open_automatic is not None
         # before the lease runs out the attempt still blocks: proceed (compact pressure, attempt open)
-        assert t.observe(sid, measurement=_measurement("r1:b", 900)).action == "proceed"
+        assert t.observe(sid, measurement=measurement("r1:b", 900)).action == "proceed"
         time.sleep(1.1)
-        r = t.observe(sid, measurement=_measurement("r1:c", 900))
+        r = t.observe(sid, measurement=measurement("r1:c", 900))
         events = [e for e in t.history(sid)]
         assert any(e.type == "CompactionRejected" and e.data["reject_reason"] == "lease_expired" for e in events)
         assert r.action == "compact"  # the session moved on: a new attempt on a new basis

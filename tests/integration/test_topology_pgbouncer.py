@@ -27,10 +27,6 @@ from tracker.store import check_schema, make_engine, open_store, upgrade, verify
 pytestmark = [pytest.mark.serial, pytest.mark.postgres]
 
 
-def _measurement(basis: str, used: int) -> dict:
-    return measurement(basis, used, 1000)
-
-
 @pytest.fixture(scope="module")
 def bouncer():
     absent = missing("pgbouncer")
@@ -61,7 +57,7 @@ def test_without_the_setting_appends_fail_on_prepared_statements(db):
     try:
         with pytest.raises(StoreError, match=r'prepared statement "_pg3_\d+" (already exists|does not exist)'):
             for i in range(10):
-                trackers[i % 2].observe("s", measurement=_measurement(f"b{i}", 100 + i))
+                trackers[i % 2].observe("s", measurement=measurement(f"b{i}", 100 + i))
     finally:
         for t in trackers:
             t.close()
@@ -73,7 +69,7 @@ def test_the_one_call_append_works_through_pgbouncer_in_transaction_mode(db):
     try:
         versions = []
         for i in range(30):  # well past psycopg's prepare threshold (5), on three client connections
-            versions.append(trackers[i % 3].observe("s", measurement=_measurement(f"b{i}", 100 + i)).version)
+            versions.append(trackers[i % 3].observe("s", measurement=measurement(f"b{i}", 100 + i)).version)
         assert versions == sorted(versions) and len(set(versions)) == 30
     finally:
         for t in trackers:

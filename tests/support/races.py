@@ -29,10 +29,6 @@ if TYPE_CHECKING:  # (racing processes import this module: nothing heavy at impo
 LIMIT = 1000
 
 
-def _measurement(basis: str, used: int) -> dict:
-    return measurement(basis, used, LIMIT)
-
-
 def race(
     db_url: str,
     redis_url: str | None,
@@ -85,7 +81,7 @@ def race(
                 used = rng.choice([rng.randint(300, 790), rng.randint(800, 999), LIMIT, LIMIT + rng.randint(0, 50)])
                 basis = f"r{revision}:t{rng.randint(0, 5)}"  # few bases: processes race on the same ones
                 try:
-                    r = t.observe(session_id, measurement=_measurement(basis, used))
+                    r = t.observe(session_id, measurement=measurement(basis, used))
                 except ContextLimitError:
                     counts["context_limit"] += 1
                     continue
@@ -357,7 +353,7 @@ def http_racer(
                 basis = f"r{revision}:t{rng.randint(0, 5)}"
                 k = key()
                 try:
-                    r = client.observe(s, measurement=_measurement(basis, used), idempotency_key=k)
+                    r = client.observe(s, measurement=measurement(basis, used), idempotency_key=k)
                 except ContextLimitError:
                     counts["context_limit"] += 1
                     mine["keys"].append(k)  # recorded, then refused
