@@ -8,6 +8,7 @@ tests/e2e/test_bench.py, which tests the bench).
 
 from __future__ import annotations
 
+# ruff: noqa: F401 - re-exported for the tests
 from tracker.bench.calibration import BAND_FROM, CASES, SIM_MODELS
 from tracker.bench.console import build_session
 from tracker.bench.procs import (
@@ -33,31 +34,3 @@ from tracker.bench.sim_provider import (
     session,
 )
 from tracker.bench.store import EVENT, CountingProjector, measured_event
-
-__all__ = [
-    "ANTHROPIC_LIKE",
-    "BAND_FROM",
-    "CASES",
-    "CODING_AGENT",
-    "EVENT",
-    "GEMINI_LIKE",
-    "MULTILINGUAL_ASSISTANT",
-    "SIM_MODELS",
-    "TOOLS",
-    "CountingProjector",
-    "Profile",
-    "SimProvider",
-    "WorkerProcess",
-    "Workload",
-    "barrier_pool",
-    "build_session",
-    "create_scratch_db",
-    "drop_scratch_db",
-    "free_port",
-    "measured_event",
-    "request_of",
-    "session",
-    "start_server",
-    "stop_process_group",
-    "stop_server",
-]
