@@ -10,7 +10,7 @@ import subprocess
 import sys
 import textwrap
 
-from tests.support.requests import AGENT_REQUEST
+from tests.support.agent_request import AGENT_REQUEST
 from tracker.counting import CanonicalRequest, ExactLocalCounter, ModelRegistry
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

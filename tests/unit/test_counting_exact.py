@@ -16,8 +16,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.support.agent_request import AGENT_REQUEST, CODE, JSON_OUTPUT
 from tests.support.counters import SleepCounter, counter_path
-from tests.support.requests import AGENT_REQUEST, CODE, JSON_OUTPUT
 from tracker.bootstrap import build_registry
 from tracker.core.model import Basis
 from tracker.core.policy import Policy
