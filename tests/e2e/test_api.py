@@ -19,12 +19,23 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.api import ApiServer, api_server, settled_feed
-from tests.support.cli import Cli
+from tests.support.api import (
+    ApiServer,
+    assert_error,
+    cli_json,
+    history,
+    max_position,
+    metric,
+    metric_values,
+    observe,
+    run_cli,
+    settled_feed,
+)
+from tests.support.bench import start_server, stop_server
 from tests.support.db import create_pg_database, drop_pg_database
 from tests.support.db import sqlalchemy_url as _sqlalchemy_url
+from tests.support.measurements import measure, sid
 from tests.support.procs import free_port
-from tracker.bench.procs import start_server, stop_server
 from tracker.store import head_revision
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
@@ -32,93 +43,12 @@ pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 LIMIT = 100_000
 
 
-def run_cli(env: dict[str, str], *args: str, ok: bool = True) -> Any:
-    return Cli(env, timeout=120).run(*args, ok=True if ok else None)
-
-
-def cli_json(env: dict[str, str], *args: str) -> Any:
-    return json.loads(run_cli(env, *args, "--json").stdout)
-
-
 Server = ApiServer  # url, db_url, env, fleet_a, fleet_b, token_a, token_b, client(token)
 
-
-@pytest.fixture(scope="module")
-def server():
-    # fleets and keys made with the real CLI (the second key by fleet id)
-    suffix = uuid.uuid4().hex[:6]
-    # the server counts its first request after loading the encodings: 10 s, not 2, on a loaded machine
-    with api_server(fleets=(f"alpha-{suffix}", f"beta-{suffix}"), via_cli=True, TRACKER_COUNT_TIMEOUT_S="10") as s:
-        yield s
-
-
-@pytest.fixture
-def a(server):
-    with server.client(server.token_a) as c:
-        yield c
-
-
-@pytest.fixture
-def b(server):
-    with server.client(server.token_b) as c:
-        yield c
-
-
-def sid(label: str = "s") -> str:
-    return f"{label}-{uuid.uuid4().hex[:10]}"
-
-
-def measure(basis: str, tokens: int, limit: int = LIMIT, **extra: Any) -> dict[str, Any]:
-    return {"measurement": {"basis": basis, "input_tokens": tokens, "input_limit": limit}, **extra}
-
-
-def observe(c: httpx.Client, session: str, basis: str, tokens: int, status: int = 200, **extra: Any) -> dict[str, Any]:
-    r = c.post(f"/v1/sessions/{session}/observe", json=measure(basis, tokens, **extra))
-    assert r.status_code == status, r.text
-    return r.json()
-
-
-def history(c: httpx.Client, session: str) -> list[dict[str, Any]]:
-    r = c.get(f"/v1/sessions/{session}/history", params={"limit": 1000})
-    assert r.status_code == 200, r.text
-    return r.json()["events"]
-
-
-def max_position(db_url: str) -> int:
-    from sqlalchemy import create_engine, text
-
-    engine = create_engine(db_url)
-    try:
-        with engine.connect() as conn:
-            return int(conn.execute(text("SELECT coalesce(max(position), 0) FROM events")).scalar_one())
-    finally:
-        engine.dispose()
-
-
-def metric_values(c: httpx.Client) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    r = c.get("/metrics")
-    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
-    out = {}
-    for family in text_string_to_metric_families(r.text):
-        for s in family.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return out
-
-
-def metric(values: dict, name: str, **labels: str) -> float:
-    return values.get((name, tuple(sorted(labels.items()))), 0.0)
-
-
-def assert_error(r: httpx.Response, status: int, code: str, field: str | None = None) -> dict[str, Any]:
-    assert r.status_code == status, r.text
-    body = r.json()
-    assert body["code"] == code, body
-    assert {"code", "error", "message"} <= set(body)
-    if field is not None:
-        assert body["field"] == field, body
-    return body
+# the plugin's ``server``: fleets and keys made with the real CLI (the second key by fleet id); the server
+# counts its first request after loading the encodings: 10 s, not 2, on a loaded machine
+SUFFIX = uuid.uuid4().hex[:6]
+API_SERVER = {"fleets": (f"alpha-{SUFFIX}", f"beta-{SUFFIX}"), "via_cli": True, "TRACKER_COUNT_TIMEOUT_S": "10"}
 
 
 # -- probes, OpenAPI -------------------------------------------------------------------------------

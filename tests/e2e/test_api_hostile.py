@@ -27,9 +27,10 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.api import api_server, settled_feed
+from tests.support.api import api_server, observe, settled_feed
+from tests.support.bench import stop_server
+from tests.support.measurements import measure, sid
 from tests.support.procs import free_port
-from tracker.bench.procs import stop_server
 from tracker.http.errors import codes_by_status
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
@@ -76,32 +77,6 @@ def _serve(extra_env: dict[str, str] | None = None, redis: bool = True):
 @pytest.fixture(scope="module")
 def server():
     yield from _serve({"TRACKER_MAX_WAITS_PER_FLEET": "4", "TRACKER_BODY_TIMEOUT_S": "2"})
-
-
-@pytest.fixture
-def a(server):
-    with server.client(server.token_a) as c:
-        yield c
-
-
-@pytest.fixture
-def b(server):
-    with server.client(server.token_b) as c:
-        yield c
-
-
-def sid(label: str = "s") -> str:
-    return f"{label}-{uuid.uuid4().hex[:10]}"
-
-
-def measure(basis: str, tokens: int, limit: int = LIMIT, **extra: Any) -> dict[str, Any]:
-    return {"measurement": {"basis": basis, "input_tokens": tokens, "input_limit": limit}, **extra}
-
-
-def observe(c: httpx.Client, session: str, basis: str, tokens: int, **extra: Any) -> dict[str, Any]:
-    r = c.post(f"/v1/sessions/{session}/observe", json=measure(basis, tokens, **extra))
-    assert r.status_code == 200, r.text
-    return r.json()
 
 
 def compacting(c: httpx.Client) -> tuple[str, dict[str, Any]]:
@@ -258,7 +233,7 @@ def roomy_server():
     yield from _serve({"TRACKER_MAX_WAITS_PER_FLEET": "300"})
 
 
-@pytest.mark.xdist_group("serial")  # a latency ratio: never beside another CPU-heavy test
+@pytest.mark.serial  # a latency ratio: never beside another CPU-heavy test
 def test_open_waits_of_one_fleet_leave_another_fleets_observe_p99_within_2x(roomy_server):
     server = roomy_server
     with server.client(server.token_a) as a, server.client(server.token_b) as b:

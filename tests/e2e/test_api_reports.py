@@ -14,37 +14,18 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.api import api_server
+from tests.support.api import history
 from tests.support.cli import Cli
 from tests.support.db import settled
+from tests.support.measurements import sid
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
 LIMIT = 200_000
 MODEL = {"provider": "anthropic", "name": "claude-test"}
 
-
-@pytest.fixture(scope="module")
-def server():
-    suffix = uuid.uuid4().hex[:6]
-    with api_server(fleets=(f"rep-a-{suffix}", f"rep-b-{suffix}")) as s:
-        yield s
-
-
-@pytest.fixture
-def a(server):
-    with server.client(server.token_a) as c:
-        yield c
-
-
-@pytest.fixture
-def b(server):
-    with server.client(server.token_b) as c:
-        yield c
-
-
-def sid(label: str = "r") -> str:
-    return f"{label}-{uuid.uuid4().hex[:10]}"
+SUFFIX = uuid.uuid4().hex[:6]
+API_SERVER = {"fleets": (f"rep-a-{SUFFIX}", f"rep-b-{SUFFIX}")}  # the plugin's ``server``, and its ``a`` / ``b``
 
 
 def observe(
@@ -60,12 +41,6 @@ def usage(c: httpx.Client, session: str, status: int = 200, **body: Any) -> dict
     r = c.post(f"/v1/sessions/{session}/usage", json=body)
     assert r.status_code == status, r.text
     return r.json()
-
-
-def history(c: httpx.Client, session: str) -> list[dict[str, Any]]:
-    r = c.get(f"/v1/sessions/{session}/history", params={"limit": 1000})
-    assert r.status_code == 200, r.text
-    return r.json()["events"]
 
 
 def calibration(c: httpx.Client, model: str = MODEL["name"], **expect: int) -> list[dict[str, Any]]:

@@ -17,15 +17,15 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e import test_api as api
-from tests.e2e.test_api import assert_error, cli_json, observe, run_cli, sid
-from tests.support.api import settled_feed
+from tests.support.api import assert_error, cli_json, observe, run_cli, settled_feed
+from tests.support.measurements import sid
 from tracker import AsyncTrackerClient, TrackerClient
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
-# test_api's fixtures: a server of this module's own (two fleets, a key each) and a client per fleet
-server, a, b = api.server, api.a, api.b
+# the plugin's ``server`` (two fleets made with the real CLI, a key each) and its ``a`` / ``b`` clients
+SUFFIX = uuid.uuid4().hex[:6]
+API_SERVER = {"fleets": (f"alpha-{SUFFIX}", f"beta-{SUFFIX}"), "via_cli": True, "TRACKER_COUNT_TIMEOUT_S": "10"}
 
 
 def listing(c: httpx.Client, limit: int = 1000, **params: Any) -> list[dict[str, Any]]:

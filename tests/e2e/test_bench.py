@@ -10,9 +10,8 @@ import pytest
 
 from tests.support.cli import run_tracker
 from tests.support.db import PG_ADMIN_URL, REDIS_URL
+from tests.support.procs import free_port
 from tracker.bench import SECTIONS, Targets, run_bench
-from tracker.bench.procs import free_port
-from tracker.bench.stats import latency_ms, percentile, ratio, throughput
 from tracker.settings import Settings
 
 
@@ -37,8 +36,10 @@ def test_bench_unknown_section_is_refused():
         text=True,
         timeout=60,
     )
-    assert out.returncode != 0
-    assert "only" in (out.stdout + out.stderr)
+    assert out.returncode == 2, out.stderr
+    error = json.loads(out.stdout)
+    assert error["code"] == "invalid_input" and error["field"] == "only", error
+    assert "unknown sections ['nope']" in error["message"] and ", ".join(SECTIONS) in error["message"], error
 
 
 def _closed_pg() -> str:
@@ -91,36 +92,6 @@ def test_targets_come_from_settings():
 
 def test_sections_in_run_order():
     assert list(SECTIONS) == ["core", "store", "counting", "service", "http", "scale", "pooler", "calibration"]
-
-
-def test_percentile_interpolates_between_closest_ranks():
-    assert percentile([3.0], 50) == 3.0
-    assert percentile([1, 2, 3, 4], 0) == 1 and percentile([1, 2, 3, 4], 100) == 4
-    assert percentile([4, 1, 3, 2], 50) == 2.5
-    assert percentile(range(1, 101), 99) == pytest.approx(99.01)
-    assert percentile([10, 20], 25) == 12.5
-    with pytest.raises(ValueError):
-        percentile([], 50)
-    with pytest.raises(ValueError):
-        percentile([1], 101)
-
-
-def test_latency_throughput_and_ratio():
-    assert latency_ms([0.001, 0.002, 0.003]) == {"ms_p50": 2.0, "ms_p99": 2.98}
-    assert latency_ms([]) == {"ms_p50": None, "ms_p99": None}
-    assert throughput(300, 2.0) == 150.0
-    assert ratio(1, 3) == 0.333 and ratio(1, 0) is None and ratio(None, 2) is None
-
-
-def test_store_fixture_is_an_event_the_core_records():
-    from tracker.bench.store import EVENT
-    from tracker.core.events import ContextMeasured
-    from tracker.queries import event_of
-
-    event = event_of(EVENT)
-    assert isinstance(event, ContextMeasured)
-    assert event.to_data() == EVENT.data
-    assert str(event.measurement.basis) == "r3:msg-000187" and event.action == "proceed"
 
 
 @pytest.mark.postgres

@@ -286,6 +286,7 @@ def test_distributed_audit_flow(tmp_path, pg_url, redis_url):
 
 
 @pytest.mark.postgres
+@pytest.mark.feed
 def test_export_says_what_a_transaction_open_elsewhere_on_the_server_holds_back(tmp_path, pg_url):
     """A transaction left open in another database of the same server holds the feed back: the
     export writes what the feed shows and says on stderr how many committed events it could not
@@ -295,7 +296,7 @@ def test_export_says_what_a_transaction_open_elsewhere_on_the_server_holds_back(
     cli.run("observe", "s1", "--basis", "m1", "--input-tokens", "1000", "--input-limit", "100000")
     first = settled(lambda: cli.lines("export"), lambda events: len(events) == 2)
     assert [e["type"] for e in first] == ["SessionStarted", "ContextMeasured"]
-    with transaction_open_elsewhere() as end:
+    with transaction_open_elsewhere(pg_url) as end:
         cli.run("observe", "s1", "--basis", "m2", "--input-tokens", "2000", "--input-limit", "100000")
         held = cli.run("export")
         assert [json.loads(line) for line in held.stdout.splitlines()] == first

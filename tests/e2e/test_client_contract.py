@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from tests.support.api import api_server
+from tests.support.measurements import sid
 from tests.support.procs import free_port
 from tracker import (
     AsyncTrackerClient,
@@ -116,10 +117,6 @@ def tracker(request, tmp_path) -> Iterator[Sync]:
 
 async def _make_async(url: str, token: str) -> AsyncTrackerClient:
     return AsyncTrackerClient(url, token)
-
-
-def sid() -> str:
-    return f"c-{uuid.uuid4().hex[:12]}"
 
 
 def m(basis: str, tokens: int, limit: int = LIMIT) -> dict[str, Any]:

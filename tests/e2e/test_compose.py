@@ -82,7 +82,7 @@ def test_compose_config_is_valid_and_quiet():
 
 def test_services_and_wiring(resolved):
     services = resolved["services"]
-    # prometheus and grafana: the `monitoring` profile (checked in tests/test_telemetry.py)
+    # prometheus and grafana: the `monitoring` profile (checked in tests/integration/test_telemetry.py)
     # the topology profile: test_topology_profile_is_wired below
     assert set(services) == {
         "postgres",

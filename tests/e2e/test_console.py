@@ -14,35 +14,24 @@ context-limit session.
 
 from __future__ import annotations
 
-import os
 import shutil
-import socket
 import subprocess
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.support.api import api_server
+from tests.support.browser import CONSOLE_MARKS, shoot, shot_folders, sign_in
 from tests.support.cli import run_tracker
 from tests.support.db import create_pg_database, drop_pg_database, transaction_open_elsewhere
 from tests.support.db import sqlalchemy_url as _sqlalchemy_url
 from tests.support.measurements import measurement
 
-CHROMIUM = "/usr/bin/chromium"
 TRACKER = shutil.which("tracker")
-playwright_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (the test extra)")
-
-pytestmark = [
-    pytest.mark.postgres,
-    pytest.mark.slow,
-    pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="chromium is not installed (.ci/run installs it)"),
-    pytest.mark.skipif(TRACKER is None, reason="the `tracker` console script is not installed"),
-]
+pytestmark = [*CONSOLE_MARKS, pytest.mark.feed]  # holds the feed back: its server is on a private cluster
 
 LIMIT = 100_000
-LAUNCH_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 
 
 def _m(basis: str, tokens: int) -> dict[str, Any]:
@@ -68,14 +57,8 @@ def build_story_session(t: Any, sid: str) -> None:
         t.observe(sid, measurement=_m("m73", 101_000))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def server(tmp_path_factory, private_pg):
     from tracker import Tracker
     from tracker.settings import Settings
 
@@ -98,14 +81,11 @@ def server(tmp_path_factory):
         seed=seed,
         log=d / "server.log",
         prefix="console",
+        admin_url=private_pg.admin_url,
     ) as api:
         assert api.operator is not None
         op_record, key_op = api.operator
-        shots = [d / "shots"]
-        if os.environ.get("TRACKER_CONSOLE_SHOTS"):
-            shots.append(Path(os.environ["TRACKER_CONSOLE_SHOTS"]))
-        for s in shots:
-            s.mkdir(parents=True, exist_ok=True)
+        shots = shot_folders(d)
         yield {
             "base": api.url,
             "url": api.db_url,
@@ -116,47 +96,6 @@ def server(tmp_path_factory):
             "keys": {"alpha": api.token_a, "beta": api.token_b, "operator": key_op, "operator_id": op_record["key_id"]},
             "fleets": {"alpha": api.fleet_a["fleet_id"], "beta": api.fleet_b["fleet_id"]},
         }
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with playwright_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS)
-        try:
-            yield b
-        finally:
-            b.close()
-
-
-@pytest.fixture
-def page(browser):
-    context = browser.new_context(viewport={"width": 1280, "height": 1000})
-    pg = context.new_page()
-    pg.set_default_timeout(20_000)
-    try:
-        yield pg
-    finally:
-        context.close()
-
-
-def sign_in(page: Any, server: dict[str, Any], who: str) -> None:
-    page.goto(server["base"] + "/console/")
-    assert page.url.endswith("/console/signin"), page.url
-    page.fill("#key", server["keys"][who])
-    page.click("#signin")
-    page.wait_for_url(server["base"] + "/console/")
-
-
-def shoot(page: Any, server: dict[str, Any], name: str, **kwargs: Any) -> Path:
-    first = None
-    for d in server["shots"]:
-        path = d / name
-        page.screenshot(path=str(path), **kwargs)
-        data = path.read_bytes()
-        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000, f"{path} is not a real screenshot"
-        first = first or path
-    assert first is not None
-    return first
 
 
 def sessions_listed(page: Any) -> set[str]:
@@ -414,7 +353,7 @@ def test_the_overview_says_when_the_event_feed_is_held_back(page, browser, serve
     from tracker import Tracker
     from tracker.settings import Settings
 
-    with transaction_open_elsewhere() as end:
+    with transaction_open_elsewhere(server["url"]) as end:
         with Tracker.from_settings(Settings.of(database_url=server["url"])) as t:
             t.observe("loose-1", measurement=_m("l1", 10_000))
         time.sleep(1.1)

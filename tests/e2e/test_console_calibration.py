@@ -2,7 +2,7 @@
 
 One ``tracker serve`` on a fresh PostgreSQL database. Fleet alpha's session ``calib-1`` is a coding
 agent on ``claude-sonnet-4-5`` (counted by the heuristic, no API key): every request is measured
-through the real ``Tracker`` and billed by the simulated provider (tests/support/sim_provider.py)
+through the real ``Tracker`` and billed by the simulated provider (tracker/bench/sim_provider.py)
 through ``report_usage``, so after 20 reports its counts are calibrated; then the provider rejects
 one request as too long (its billed count over a limit just under it), the next measurement is
 decided against that learned limit and compacts, and the session goes on at r2. ``exact-1`` counts ``gpt-4o``
@@ -15,29 +15,17 @@ when it is set).
 
 from __future__ import annotations
 
-import os
 import random
-import shutil
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.support.api import api_server
-from tests.support.sim_provider import CODING_AGENT, SimProvider, session
+from tests.support.bench import CODING_AGENT, SimProvider, session
+from tests.support.browser import CONSOLE_MARKS, shoot, shot_folders, sign_in
 
-CHROMIUM = "/usr/bin/chromium"
-TRACKER = shutil.which("tracker")
-playwright_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (the test extra)")
+pytestmark = CONSOLE_MARKS
 
-pytestmark = [
-    pytest.mark.postgres,
-    pytest.mark.slow,
-    pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="chromium is not installed (.ci/run installs it)"),
-    pytest.mark.skipif(TRACKER is None, reason="the `tracker` console script is not installed"),
-]
-
-LAUNCH_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 ESTIMATED = "claude-sonnet-4-5"  # the shipped registry counts it with the heuristic without an API key
 EXACT = "gpt-4o"
 TURNS = 30
@@ -98,53 +86,13 @@ def server(tmp_path_factory):
         fleets=("alpha", "beta"), redis=False, clean=True, operator_key=True, seed=seed, prefix="console_cal"
     ) as api:
         assert api.operator is not None
-        shots = [d / "shots"]
-        if os.environ.get("TRACKER_CONSOLE_SHOTS"):
-            shots.append(Path(os.environ["TRACKER_CONSOLE_SHOTS"]))
-        for s in shots:
-            s.mkdir(parents=True, exist_ok=True)
+        shots = shot_folders(d)
         yield {
             "base": api.url,
             "shots": shots,
             "seen": seen,
             "keys": {"alpha": api.token_a, "beta": api.token_b, "operator": api.operator[1]},
         }
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with playwright_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS)
-        try:
-            yield b
-        finally:
-            b.close()
-
-
-@pytest.fixture
-def page(browser):
-    context = browser.new_context(viewport={"width": 1280, "height": 1000})
-    pg = context.new_page()
-    pg.set_default_timeout(20_000)
-    try:
-        yield pg
-    finally:
-        context.close()
-
-
-def sign_in(page: Any, server: dict[str, Any], who: str) -> None:
-    page.goto(server["base"] + "/console/signin")
-    page.fill("#key", server["keys"][who])
-    page.click("#signin")
-    page.wait_for_url(server["base"] + "/console/")
-
-
-def shoot(page: Any, server: dict[str, Any], name: str, **kwargs: Any) -> None:
-    for d in server["shots"]:
-        path = d / name
-        page.screenshot(path=str(path), **kwargs)
-        data = path.read_bytes()
-        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000, f"{path} is not a real screenshot"
 
 
 def tokens_at(page: Any) -> Any:

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import textwrap
 
-from tests.unit.test_counting_exact import AGENT_REQUEST
+from tests.support.agent_request import AGENT_REQUEST
 from tracker.counting import CanonicalRequest, ExactLocalCounter, ModelRegistry
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

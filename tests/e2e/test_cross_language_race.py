@@ -38,7 +38,7 @@ from tracker.counting.counters import heuristic_request_tokens
 from tracker.counting.request import CanonicalRequest
 from tracker.integrations.langchain import view_of
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.serial, pytest.mark.slow]
 
 MODEL = "race-agent"
 # input limit (and hard level) = window 5000 - reserved output 1000 - safety margin 1000 = 3000; history budget 2850

@@ -16,18 +16,16 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.api import ApiServer, api_server
+from tests.support.api import ApiServer, api_server, observe
 from tests.support.cli import Cli
+from tests.support.measurements import sid
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
 LIMIT = 100_000
 
 
-@pytest.fixture(scope="module")
-def server():
-    with api_server(fleets=(f"plain-{uuid.uuid4().hex[:6]}",), TRACKER_API_KEY_CACHE_S="0") as s:
-        yield s
+API_SERVER = {"fleets": (f"plain-{uuid.uuid4().hex[:6]}",), "TRACKER_API_KEY_CACHE_S": "0"}  # the plugin's ``server``
 
 
 @pytest.fixture(scope="module")
@@ -39,17 +37,6 @@ def new_fleet(cli: Cli, *flags: str) -> tuple[dict[str, Any], str]:
     """A fleet made with ``tracker fleet create NAME *flags`` and a key for it: (its record, the token)."""
     fleet = cli.json("fleet", "create", f"pf-{uuid.uuid4().hex[:8]}", *flags, "--json")
     return fleet, cli.json("key", "create", fleet["name"], "--json")["token"]
-
-
-def sid() -> str:
-    return f"s-{uuid.uuid4().hex[:10]}"
-
-
-def observe(c: httpx.Client, session: str, basis: str, tokens: int) -> dict[str, Any]:
-    body = {"measurement": {"basis": basis, "input_tokens": tokens, "input_limit": LIMIT}}
-    r = c.post(f"/v1/sessions/{session}/observe", json=body)
-    assert r.status_code == 200, r.text
-    return r.json()
 
 
 def started_policy(c: httpx.Client, session: str) -> dict[str, Any]:

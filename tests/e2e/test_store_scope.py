@@ -2,7 +2,7 @@
 
 A fleet's sessions are stored as ``"<fleet_id>:<session_id>"`` (``tracker.core.model.SessionScope``),
 so a caller in a fleet may name at most 189 characters; the API refuses a longer id with
-``invalid_session_id`` (``tests/test_api_hostile.py``), and so does ``tracker ... --fleet``.
+``invalid_session_id`` (``tests/e2e/test_api_hostile.py``), and so does ``tracker ... --fleet``.
 """
 
 from __future__ import annotations
@@ -13,23 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from tests.support.cli import run_tracker
-from tracker.core.model import FLEET_ID_LEN, MAX_SESSION_ID_LEN, SessionScope
-from tracker.errors import InvalidSessionId
-from tracker.http.runtime import Caller
-from tracker.http.schemas import MAX_SESSION_ID
-
-
-def test_the_api_caller_is_the_session_scope():
-    caller = Caller("f" + "0" * (FLEET_ID_LEN - 1))
-    assert isinstance(caller, SessionScope)
-    assert caller.max_len == MAX_SESSION_ID == MAX_SESSION_ID_LEN - FLEET_ID_LEN - 1 == 189
-    assert caller.internal("s-1") == "f000000000:s-1" and caller.external("f000000000:s-1") == "s-1"
-    assert caller.internal("x" * 189) == "f000000000:" + "x" * 189
-    with pytest.raises(InvalidSessionId, match="at most 189"):
-        caller.internal("x" * 190)
 
 
 def _cli(env: dict[str, str], *args: str) -> tuple[int, Any]:

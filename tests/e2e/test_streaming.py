@@ -45,7 +45,7 @@ _WRAPPER = (
 
 def build_session(url: str, session_id: str, n_events: int, seed: int = 7) -> dict[str, int]:
     """Append ~n_events core-decided events to one session (the bench's realistic long session)."""
-    from tracker.bench.console import build_session as build
+    from tests.support.bench import build_session as build
     from tracker.core import SessionProjector
     from tracker.store import open_store
 

@@ -22,11 +22,13 @@ import time
 import httpx
 import pytest
 
+from tests.support.loopback import missing
 from tests.support.procs import PrivateRedis
-from tests.support.topology import Balancer, Replicas, missing, observe_rate, run_http_race
+from tests.support.races import observe_rate, run_http_race
+from tests.support.replicas import Balancer, Replicas
 from tracker.client import TrackerClient
 
-pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.xdist_group("serial")]
+pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.serial]
 
 PROCS = 12
 SESSIONS = 3

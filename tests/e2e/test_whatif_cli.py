@@ -13,11 +13,10 @@ from typing import Any
 import pytest
 
 from tests.support.cli import Cli
-from tests.unit.test_whatif import BAD, GOOD, INSERT_AT, example, j, m, run
+from tests.support.whatif_traces import BAD, EXAMPLES, GOOD, INSERT_AT, example, j, m, run
 from tracker.core import Policy
 
 ROOT = Path(__file__).resolve().parents[2]
-EXAMPLES = ROOT / "examples"
 
 
 def test_cli_matches_the_runner_and_reads_stdin(tmp_path):

@@ -19,7 +19,8 @@ import psycopg
 import pytest
 from psycopg import errors as pg_errors
 
-from tests.support.topology import PgBouncer, missing
+from tests.support.loopback import missing
+from tests.support.pgbouncer import PgBouncer
 from tracker.store import migrate, upgrade
 from tracker.store.schema import APPEND_LOCK_KEY
 

@@ -61,6 +61,7 @@ def url(db_url):
     return db_url
 
 
+@pytest.mark.feed  # holds the feed back: on a private cluster
 def test_own_reports_count_at_once_and_others_after_a_refresh(url):
     db_url = url
     mine, other = _tracker(db_url), _tracker(db_url, refresh_s=0.0)

@@ -12,9 +12,8 @@ import statistics
 
 import pytest
 
+from tests.support.bench import CASES, Profile, SimProvider, Workload, session
 from tests.support.provider_loop import BAND_FROM, BAND_MANY, REGISTRY, assert_within_band
-from tracker.bench.calibration import CASES
-from tracker.bench.sim_provider import Profile, SimProvider, Workload, session
 from tracker.core.calibration import MIN_SAMPLES, CalibrationSample, apply, estimate
 from tracker.core.policy import Policy
 from tracker.counting.counters import HeuristicCounter

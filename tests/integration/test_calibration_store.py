@@ -8,11 +8,11 @@ import json
 import random
 from typing import Any
 
+from tests.support.bench import ANTHROPIC_LIKE, CODING_AGENT, SimProvider, session
 from tests.support.cli import Cli, clean_env
 from tests.support.db import feed_passed
 from tests.support.provider_loop import COUNTING, MODEL, observe_session, train
 from tracker.audit.replay import whatif_rows
-from tracker.bench.sim_provider import ANTHROPIC_LIKE, CODING_AGENT, SimProvider, session
 from tracker.calibrations import ledger_of
 from tracker.core.state import SessionProjector
 from tracker.queries import verify

@@ -15,11 +15,11 @@ import uuid
 
 import pytest
 
+from tests.support.bench import WorkerProcess
 from tests.support.counters import test_models
 from tests.support.db import REDIS_URL
 from tests.support.procs import port_open
 from tests.support.workers import KillableWorker
-from tracker.bench.procs import WorkerProcess
 from tracker.core.model import Basis
 from tracker.core.policy import Policy
 from tracker.counting import CanonicalRequest, CeleryCounting, InProcessCounting, ModelRegistry

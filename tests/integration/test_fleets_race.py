@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import multiprocessing as mp
 
+import pytest
+
 from tests.support.procs import racing_context
 from tracker.store.migrate import upgrade
+
+pytestmark = pytest.mark.serial  # CPU-sensitive: runs alone (tests/support/plugin.py)
 
 NAMES = [f"agents-{i}" for i in range(40)]
 

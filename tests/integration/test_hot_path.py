@@ -14,13 +14,15 @@ import psycopg
 import pytest
 import redis
 
+from tests.support.bench import CountingProjector
 from tests.support.cli import run_tracker
 from tests.support.measurements import measurement
 from tests.support.procs import PrivateRedis, racing_context
-from tracker.bench.store import CountingProjector
 from tracker.core import SessionProjector
 from tracker.errors import ConcurrencyConflict
 from tracker.store import NewEvent, open_store, upgrade, verify_projections
+
+pytestmark = pytest.mark.serial  # CPU-sensitive: runs alone (tests/support/plugin.py)
 
 
 def ev(**data) -> NewEvent:  # noqa: ANN003
@@ -149,10 +151,6 @@ def test_the_migration_backfills_the_fleet_of_earlier_events(db_url):
 # -- the service: optimistic first, the lock only under contention ---------------------------------
 
 
-def _measurement(basis: str, used: int) -> dict:
-    return measurement(basis, used, 1000)
-
-
 def _commands(client: redis.Redis) -> dict[str, int]:
     stats = client.info("commandstats")
     return {k.removeprefix("cmdstat_"): v["calls"] for k, v in stats.items()}
@@ -178,7 +176,7 @@ def test_an_uncontended_observe_makes_no_redis_round_trip(pg_url, private_redis)
     try:
         before = _commands(client)
         for i in range(30):
-            t.observe(f"u{i % 3}", measurement=_measurement(f"m{i}", 100 + i))
+            t.observe(f"u{i % 3}", measurement=measurement(f"m{i}", 100 + i))
         after = _commands(client)
     finally:
         t.close()
@@ -196,7 +194,7 @@ def _racer(db_url: str, redis_url: str, sid: str, seed: int, rounds: int, barrie
         t.state(sid)
         barrier.wait(60)
         for i in range(rounds):
-            t.observe(sid, measurement=_measurement(f"m{seed}-{i}", 100 + (i * 37 + seed) % 600))
+            t.observe(sid, measurement=measurement(f"m{seed}-{i}", 100 + (i * 37 + seed) % 600))
     finally:
         t.close()
     done.put(rounds)

@@ -640,36 +640,12 @@ def test_items_map_to_the_trackers_request_shape_and_pair_calls_with_outputs():
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    import os
-
-    from sqlalchemy import create_engine
-
-    from tests.support.db import REDIS_URL, create_pg_database, drop_pg_database
-    from tests.support.db import sqlalchemy_url as _sqlalchemy_url
-    from tracker.bench.procs import free_port, start_server, stop_server
-    from tracker.store.fleets import FleetStore
+    from tests.support.api import api_server
 
     models = tmp_path_factory.mktemp("oa-server") / "models.json"
     models.write_text(json.dumps(ex.MODELS))
-    name, url = create_pg_database()
-    db_url = _sqlalchemy_url(url)
-    proc = None
-    try:
-        upgrade(db_url)
-        engine = create_engine(db_url)
-        fleets = FleetStore(engine)
-        fleet = fleets.create_fleet(f"oa-{uuid.uuid4().hex[:6]}")
-        _, token = fleets.create_key(fleet["fleet_id"])
-        engine.dispose()
-        env = {k: v for k, v in os.environ.items() if not k.startswith("TRACKER_")}
-        env.update(TRACKER_DATABASE_URL=db_url, TRACKER_REDIS_URL=REDIS_URL, TRACKER_MODELS_FILE=str(models))
-        port = free_port()
-        proc = start_server(env, port)
-        yield f"http://127.0.0.1:{port}", token, str(models)
-    finally:
-        if proc is not None:
-            stop_server(proc)
-        drop_pg_database(name)
+    with api_server(fleets=(f"oa-{uuid.uuid4().hex[:6]}",), clean=True, TRACKER_MODELS_FILE=str(models)) as s:
+        yield s.url, s.tokens[0], str(models)
 
 
 @pytest.mark.postgres

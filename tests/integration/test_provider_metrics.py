@@ -11,7 +11,7 @@ import random
 import pytest
 from prometheus_client import CollectorRegistry
 
-from tests.support.sim_provider import CODING_AGENT, SimProvider, session
+from tests.support.bench import CODING_AGENT, SimProvider, session
 from tracker.counting.backends import InProcessCounting
 from tracker.counting.registry import ModelRegistry
 from tracker.errors import InvalidInput
@@ -35,7 +35,10 @@ def tracked(tmp_path):
 
 
 def sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
-    return registry.get_sample_value(name, labels) or 0.0
+    """The sample's value; a sample that is not there (a misspelt metric or label name) fails."""
+    value = registry.get_sample_value(name, labels)
+    assert value is not None, f"no sample {name}{labels}"
+    return value
 
 
 def test_usage_reports_observe_billed_over_counted_by_model_and_counter_kind(tracked):
@@ -64,11 +67,21 @@ def test_usage_reports_observe_billed_over_counted_by_model_and_counter_kind(tra
     assert sample(registry, "tracker_count_drift_ratio_count", **exact) == 1
     assert sample(registry, "tracker_count_drift_ratio_bucket", le="1.02", **exact) == 0  # billed (cache included)
     assert sample(registry, "tracker_count_drift_ratio_bucket", le="1.05", **exact) == 1
-    assert 1.0 in DRIFT_BUCKETS  # a bucket edge at exactly 1
+
+
+def test_a_bill_equal_to_the_count_is_in_the_bucket_at_exactly_1(tracked):
+    """A bucket edge at exactly 1: a bill equal to an exact count is told apart from one just under it."""
+    t, registry, _ = tracked
+    m = {"basis": "b", "input_tokens": 1000, "input_limit": 10_000, "model": "gpt-4o", "quality": "exact_local"}
+    t.observe("s-one", measurement=m)
+    t.report_usage("s-one", basis="b", input_tokens=1000)
+    exact = {"model": "gpt-4o", "counter": "exact"}
+    assert sample(registry, "tracker_count_drift_ratio_bucket", le="1.0", **exact) == 1
+    assert sample(registry, "tracker_count_drift_ratio_bucket", le="0.98", **exact) == 0
 
 
 def test_a_rejection_counts_once_and_a_refused_report_counts_nothing(tracked):
-    t, registry, _ = tracked
+    t, registry, hook = tracked
     t.observe(
         "s-rej",
         request={"messages": [{"role": "user", "content": "hello " * 2000}]},
@@ -85,7 +98,9 @@ def test_a_rejection_counts_once_and_a_refused_report_counts_nothing(tracked):
     assert sample(registry, "tracker_provider_rejections_total", model="claude-sonnet-4-5") == 1
     with pytest.raises(InvalidInput):
         t.report_usage("s-rej", basis="no-such-basis", input_tokens=10)
-    # a rejection's numbers are a calibration sample, but not a usage report: no drift observed
+    # a rejection's numbers are a calibration sample, but not a usage report: no drift observed (the
+    # series is made empty first, so that the check reads a sample: a wrong label name raises here)
+    hook.drift.labels(model="claude-sonnet-4-5", counter="estimate")
     assert sample(registry, "tracker_count_drift_ratio_count", model="claude-sonnet-4-5", counter="estimate") == 0
 
 

@@ -11,109 +11,24 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import random
 import signal
 import time
 import uuid
+import warnings
 
 import pytest
 
 from tests.support.measurements import measurement
 from tests.support.procs import PostgresLog, PrivateRedis, racing_context
-from tracker.core import Policy, SessionProjector, fold
-from tracker.core.events import CompactionRejected, CompactionStarted
-from tracker.core.state import SessionState, apply
-from tracker.queries import events_of
-from tracker.store import open_store, verify_projections
+from tests.support.races import check_log, rounds_racer
+from tracker.core import Policy, SessionProjector
+from tracker.store import open_store
 from tracker.store.migrate import upgrade
+
+pytestmark = pytest.mark.serial  # CPU-sensitive: runs alone (tests/support/plugin.py)
 
 PROCS = int(os.environ.get("TRACKER_RACE_PROCS", "16"))
 ROUNDS = int(os.environ.get("TRACKER_RACE_ROUNDS", "100"))
-LIMIT = 1000
-
-
-def _measurement(basis: str, used: int) -> dict:
-    return measurement(basis, used, LIMIT)
-
-
-def _racer(db_url: str, redis_url: str | None, session_id: str, seed: int, rounds: int, start_at: float) -> dict:
-    from tracker.coordination import LocalCoordinator, RedisCoordinator
-    from tracker.errors import AttemptError, ContextLimitError, StaleBasis
-    from tracker.service import Tracker
-
-    rng = random.Random(seed)
-    coordinator = RedisCoordinator(redis_url, ttl_s=2.0, wait_s=2.0) if redis_url else LocalCoordinator()
-    t = Tracker(
-        open_store(db_url, projector=SessionProjector()),
-        coordinator=coordinator,
-        policy=Policy(attempt_lease_s=5.0, max_automatic_per_episode=3),
-    )
-    counts = {"compact": 0, "proceed": 0, "wait": 0, "context_limit": 0, "stale": 0, "attempt_errors": 0}
-    while time.time() < start_at:
-        time.sleep(0.005)
-    try:
-        for _ in range(rounds):
-            revision = t.state(session_id).revision
-            used = rng.choice([rng.randint(300, 790), rng.randint(800, 999), LIMIT, LIMIT + rng.randint(0, 50)])
-            basis = f"r{revision}:t{rng.randint(0, 5)}"  # few bases: processes race on the same ones
-            try:
-                r = t.observe(session_id, measurement=_measurement(basis, used))
-            except ContextLimitError:
-                counts["context_limit"] += 1
-                continue
-            except StaleBasis:
-                counts["stale"] += 1
-                continue
-            counts[r.action] += 1
-            if r.action == "compact":
-                a = r.attempt
-                try:
-                    # a schedule, not a coin: the session's attempts alternate reject (odd fencing
-                    # token: its 1st, 3rd, ... attempt) and commit (even), so no episode can run out
-                    # of automatic attempts on rejections alone and every second attempt commits
-                    if a.fencing_token % 2 == 0:
-                        t.commit(session_id, a.attempt_id, a.fencing_token, tokens_after=rng.randint(100, 400))
-                    else:
-                        t.reject(session_id, a.attempt_id, a.fencing_token, "execution_failed")
-                except AttemptError:
-                    counts["attempt_errors"] += 1
-    finally:
-        t.close()
-    return counts
-
-
-def check_log(db_url: str, session_id: str) -> dict:
-    store = open_store(db_url, projector=SessionProjector())
-    try:
-        events = list(events_of(store.read_stream(session_id)))
-        versions = [e.version for e in store.read_stream(session_id)]
-        assert versions == list(range(1, len(versions) + 1)), "versions must be gap-free"
-        seen_bases: set[str] = set()
-        state = SessionState(session_id=session_id)
-        max_open_auto = 0
-        automatic = 0
-        for e in events:
-            if isinstance(e, CompactionStarted) and e.reason == "automatic":
-                assert e.basis not in seen_bases, f"second automatic attempt on basis {e.basis}"
-                seen_bases.add(e.basis)
-                automatic += 1
-            state = apply(state, e)
-            max_open_auto = max(max_open_auto, sum(1 for a in state.open_attempts if a.automatic))
-        assert max_open_auto <= 1, "two automatic attempts open at once"
-        assert fold(events, session_id) == state
-        assert verify_projections(store, SessionProjector()) == []
-        outcomes = {}
-        for e in events:
-            if isinstance(e, CompactionRejected):
-                outcomes[e.reject_reason] = outcomes.get(e.reject_reason, 0) + 1
-        return {
-            "events": len(events),
-            "automatic_attempts": automatic,
-            "revision": state.revision,
-            "rejections": outcomes,
-        }
-    finally:
-        store.close()
 
 
 def run_race(db_url: str, redis_url: str | None, during=None) -> tuple[dict, list[dict]]:
@@ -124,12 +39,13 @@ def run_race(db_url: str, redis_url: str | None, during=None) -> tuple[dict, lis
         # well within a second of the pool's start
         start_at = time.time() + 1.0
         results = [
-            pool.apply_async(_racer, (db_url, redis_url, session_id, seed, ROUNDS, start_at)) for seed in range(PROCS)
+            pool.apply_async(rounds_racer, (db_url, redis_url, session_id, seed, ROUNDS, start_at))
+            for seed in range(PROCS)
         ]
         if during is not None:
             during(start_at)
-        counts = [r.get(timeout=600) for r in results]
-    return check_log(db_url, session_id), counts
+        outcomes = [r.get(timeout=600) for r in results]
+    return check_log(db_url, session_id, outcomes), [o["counts"] for o in outcomes]
 
 
 @pytest.fixture
@@ -155,8 +71,13 @@ def test_race_with_redis(race_db, private_redis):
     assert summary["revision"] > 2  # commits happened
     assert total["context_limit"] > 0 and total["wait"] + total["proceed"] > 0
     # a lost race is an answer, never a database error: the server logged nothing for this database
-    if log is None:
-        pytest.skip("the race passed; the PostgreSQL log is not readable here, so its ERROR count was not checked")
+    if log is None:  # the race passed (reported as a pass), and what was not checked is said plainly
+        warnings.warn(
+            "test_race_with_redis: the PostgreSQL log is not readable here, so the server's ERROR count "
+            "during the race (none expected) was not checked",
+            stacklevel=1,
+        )
+        return
     time.sleep(0.5)  # the server writes its log asynchronously
     assert log.errors() == [], log.errors()[:5]
 
@@ -202,17 +123,17 @@ def test_race_with_redis_stopped(race_db, private_redis):
 
 
 def _holder(db_url: str, session_id: str, ready: mp.synchronize.Event) -> None:
-    from tracker.service import Tracker
+    from tracker import Tracker
 
     t = Tracker(open_store(db_url, projector=SessionProjector()), policy=Policy(attempt_lease_s=1.0))
-    r = t.observe(session_id, measurement=_measurement("r1:a", 900))
+    r = t.observe(session_id, measurement=measurement("r1:a", 900))
     assert r.action == "compact"
     ready.set()
     time.sleep(3600)  # holds the attempt until killed
 
 
 def test_kill_9_holder_then_lease_expires(race_db):
-    from tracker.service import Tracker
+    from tracker import Tracker
 
     sid = f"kill-{uuid.uuid4().hex[:8]}"
     ctx = racing_context()
@@ -226,9 +147,9 @@ def test_kill_9_holder_then_lease_expires(race_db):
     try:
         assert t.state(sid).open_automatic is not None
         # before the lease runs out the attempt still blocks: proceed (compact pressure, attempt open)
-        assert t.observe(sid, measurement=_measurement("r1:b", 900)).action == "proceed"
+        assert t.observe(sid, measurement=measurement("r1:b", 900)).action == "proceed"
         time.sleep(1.1)
-        r = t.observe(sid, measurement=_measurement("r1:c", 900))
+        r = t.observe(sid, measurement=measurement("r1:c", 900))
         events = [e for e in t.history(sid)]
         assert any(e.type == "CompactionRejected" and e.data["reject_reason"] == "lease_expired" for e in events)
         assert r.action == "compact"  # the session moved on: a new attempt on a new basis

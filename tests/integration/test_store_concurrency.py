@@ -20,11 +20,13 @@ import traceback
 import pytest
 from sqlalchemy import create_engine, text
 
+from tests.support.bench import CountingProjector
 from tests.support.procs import racing_context
-from tracker.bench.store import CountingProjector
 from tracker.errors import ConcurrencyConflict
 from tracker.settings import normalize_database_url
 from tracker.store import NewEvent, open_store, upgrade, verify_projections
+
+pytestmark = pytest.mark.serial  # CPU-sensitive: runs alone (tests/support/plugin.py)
 
 WRITERS = 8
 APPENDS_PER_WRITER = 30

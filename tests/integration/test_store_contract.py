@@ -3,7 +3,7 @@
 ``store`` is each of the three (``backend``). A test that is about something only a database
 has -- a second store instance on the same database (another process), rows edited behind the
 store's back, the schema's migrations -- runs on the two SQL backends only (``sql_store`` on
-``db_url``) and says so. The read side's views (listings, narrow reads): ``tests/test_store_views.py``.
+``db_url``) and says so. The read side's views (listings, narrow reads): ``tests/integration/test_store_views.py``.
 """
 
 from __future__ import annotations
@@ -16,51 +16,11 @@ from typing import Any
 import pytest
 from sqlalchemy import create_engine, text
 
-from tests.support.db import create_pg_database, drop_pg_database
-from tests.support.db import sqlalchemy_url as _sqlalchemy_url
+from tests.support.toy_store import ToyProjector, ev, execute_sql, fold
 from tracker.errors import ConcurrencyConflict, InvalidInput, InvalidSessionId, SchemaOutOfDate, StoreError
 from tracker.settings import normalize_database_url
 from tracker.store import MemoryEventStore, NewEvent, StoredEvent, migrate, open_store, upgrade, verify_projections
 from tracker.store import sql as store_sql
-
-
-class ToyProjector:
-    """Counts events by type; 'pressure' follows the last Pressure event's level."""
-
-    def initial(self, session_id: str) -> dict[str, Any]:
-        return {"session_id": session_id, "count": 0, "by_type": {}, "pressure": "normal", "last_version": 0, "sum": 0}
-
-    def apply(self, state: dict[str, Any], event: StoredEvent) -> dict[str, Any]:
-        by_type = dict(state["by_type"])
-        by_type[event.type] = by_type.get(event.type, 0) + 1
-        pressure = event.data.get("level", state["pressure"]) if event.type == "Pressure" else state["pressure"]
-        return {
-            **state,
-            "count": state["count"] + 1,
-            "by_type": by_type,
-            "pressure": pressure,
-            "last_version": event.version,
-            "sum": state["sum"] + int(event.data.get("n", 0)),
-        }
-
-    def columns(self, state: dict[str, Any]) -> dict[str, Any]:
-        return {
-            "pressure": state["pressure"],
-            "revision": 1 + state["by_type"].get("Compacted", 0),
-            "occupancy_bp": state["sum"] if state["count"] else None,
-            "open_attempts": state["by_type"].get("Started", 0) - state["by_type"].get("Compacted", 0),
-        }
-
-
-def fold(projector: ToyProjector, session_id: str, events: list[StoredEvent]) -> dict[str, Any]:
-    state = projector.initial(session_id)
-    for e in events:
-        state = projector.apply(state, e)
-    return json.loads(json.dumps(state))
-
-
-def ev(type_: str = "Tick", **data: Any) -> NewEvent:
-    return NewEvent(type_, data)
 
 
 @pytest.fixture(params=["memory", "sqlite", "postgres"])
@@ -71,11 +31,7 @@ def backend(request, tmp_path):
     elif request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'tracker.db'}"
     else:
-        name, url = create_pg_database()
-        try:
-            yield _sqlalchemy_url(url)
-        finally:
-            drop_pg_database(name)
+        yield request.getfixturevalue("pg_url")  # (a ``feed`` test's is on the private cluster)
 
 
 @pytest.fixture
@@ -110,15 +66,6 @@ def count_rows(url: str, table: str) -> int:
     try:
         with engine.connect() as conn:
             return conn.execute(text(f"SELECT count(*) FROM {table}")).scalar_one()
-    finally:
-        engine.dispose()
-
-
-def execute_sql(url: str, sql: str, **params: Any) -> None:
-    engine = create_engine(normalize_database_url(url))
-    try:
-        with engine.begin() as conn:
-            conn.execute(text(sql), params)
     finally:
         engine.dispose()
 
@@ -260,6 +207,7 @@ def test_read_stream_ranges(store, monkeypatch):
         store.read_stream("bad id!")
 
 
+@pytest.mark.feed
 def test_read_all_is_ordered_and_pages(store):
     rng = random.Random(3)
     versions: dict[str, int] = {}
@@ -292,6 +240,7 @@ def test_read_all_is_ordered_and_pages(store):
         store.read_all(0, limit=0)
 
 
+@pytest.mark.feed
 def test_read_all_session_prefix_filters_exactly_and_pages(store):
     """``session_prefix``: only sessions whose id starts with it -- case-sensitive, '_' / '%' literal."""
     rng = random.Random(5)
@@ -503,29 +452,3 @@ def test_read_inputs_are_checked_alike(store):
     for call in (store.load, store.stream_version, store.read_stream):
         with pytest.raises(InvalidSessionId):
             call("x" * 201)
-
-
-def test_the_port_is_narrow_and_the_store_modules_are_small():
-    """The EventStore port has at most ten methods and no engine; no store module passes 600 lines."""
-    import ast
-    from pathlib import Path
-
-    import tracker.store as pkg
-    from tracker.store.base import EventStore, SessionViews
-
-    methods = [n for n in vars(EventStore) if not n.startswith("_")]
-    assert len(methods) <= 10 and "engine" not in methods, methods
-    assert {"list_sessions", "session_summary", "count_by_type", "read_types"} <= set(vars(SessionViews))
-    for path in Path(pkg.__file__).parent.glob("*.py"):
-        assert len(path.read_text(encoding="utf-8").splitlines()) <= 600, path.name
-    for impl in (MemoryEventStore, store_sql.SqlEventStore):
-        assert set(methods) <= set(dir(impl)), impl
-    # no caller reaches for a store's engine (the composition root builds views and fleets on it)
-    root = Path(pkg.__file__).parents[1]
-    for path in root.rglob("*.py"):
-        if path.parent.name == "store" or path.name == "bootstrap.py":
-            continue
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.Attribute) and node.attr == "engine":
-                owner = getattr(node.value, "attr", getattr(node.value, "id", ""))
-                assert owner != "store", f"{path}: store.engine"

@@ -7,24 +7,18 @@ the shared server. Bad-input tests run on both real backends (``db_url``).
 
 from __future__ import annotations
 
-import glob
-import os
-import shutil
-import socket
-import subprocess
-import tempfile
 import threading
 import time
-import uuid
-from pathlib import Path
 from typing import Any
 
 import pytest
 from sqlalchemy import create_engine, text
 
+from tests.support import pg_cluster
+from tests.support.bench import CountingProjector
 from tests.support.db import create_pg_database, drop_pg_database
 from tests.support.db import sqlalchemy_url as _sqlalchemy_url
-from tracker.bench.store import CountingProjector
+from tests.support.procs import free_port
 from tracker.bootstrap import build_views
 from tracker.errors import (
     ConcurrencyConflict,
@@ -41,79 +35,13 @@ from tracker.store.schema import APPEND_LOCK_KEY
 # -- a private PostgreSQL cluster ------------------------------------------------------------------
 
 
-def _pg_bin() -> Path | None:
-    for d in sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=lambda p: int(Path(p).parent.name), reverse=True):
-        if (Path(d) / "initdb").exists():
-            return Path(d)
-    found = shutil.which("initdb")
-    return Path(found).parent if found else None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class PrivateCluster:
-    def __init__(self, bindir: Path) -> None:
-        self.bindir = bindir
-        self.root = Path(tempfile.mkdtemp(prefix="ct_pgfault_"))
-        self.data = self.root / "data"
-        self.port = _free_port()
-        self.as_postgres = os.geteuid() == 0
-        if self.as_postgres:
-            shutil.chown(self.root, "postgres", "postgres")
-        self.admin_url = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
-
-    def _run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        cmd = [str(self.bindir / args[0]), *args[1:]]
-        if self.as_postgres:
-            cmd = ["runuser", "-u", "postgres", "--", *cmd]
-        return subprocess.run(cmd, check=check, capture_output=True, text=True, timeout=60)
-
-    def init(self) -> None:
-        self._run("initdb", "-D", str(self.data), "-U", "postgres", "--auth=trust", "--no-sync", "-E", "UTF8")
-
-    def running(self) -> bool:
-        return self._run("pg_ctl", "-D", str(self.data), "status", check=False).returncode == 0
-
-    def start(self) -> None:
-        if self.running():
-            return
-        opts = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off"
-        self._run("pg_ctl", "-D", str(self.data), "-o", opts, "-l", str(self.root / "log"), "-w", "-t", "30", "start")
-
-    def stop(self, mode: str = "fast") -> None:
-        self._run("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "-t", "30", "stop", check=False)
-
-    def new_database(self) -> str:
-        import psycopg
-
-        name = f"ct_{uuid.uuid4().hex[:10]}"
-        with psycopg.connect(self.admin_url, autocommit=True) as conn:
-            conn.execute(f'CREATE DATABASE "{name}"')
-        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/{name}"
-
-    def destroy(self) -> None:
-        self.stop("immediate")
-        shutil.rmtree(self.root, ignore_errors=True)
-
-
 @pytest.fixture(scope="module")
 def cluster():
-    bindir = _pg_bin()
-    if bindir is None:
-        pytest.skip("PostgreSQL server binaries (initdb, pg_ctl) not installed")
-    if os.geteuid() == 0 and shutil.which("runuser") is None:
-        pytest.skip("running as root without runuser")
-    c = PrivateCluster(bindir)
+    """A private cluster of this module's own (tests/support/pg_cluster.py): the tests stop and restart it."""
     try:
-        c.init()
-        c.start()
-    except (subprocess.CalledProcessError, KeyError) as exc:  # KeyError: no 'postgres' OS user
-        c.destroy()
-        pytest.skip(f"cannot run a private PostgreSQL cluster: {exc}")
+        c = pg_cluster.started("ct_pgfault_")
+    except RuntimeError as exc:
+        pytest.skip(str(exc))
     yield c
     c.destroy()
 
@@ -295,7 +223,7 @@ def _capture(fn):  # noqa: ANN001
 
 @pytest.mark.postgres
 def test_unreachable_server_at_open(cluster):
-    url = f"postgresql://postgres@127.0.0.1:{_free_port()}/nothing"
+    url = f"postgresql://postgres@127.0.0.1:{free_port()}/nothing"
     with pytest.raises(StoreUnavailable):
         open_store(url)
 

@@ -4,7 +4,7 @@ and real PostgreSQL (``db_url``).
 The views are SQL only: listings and the session page's narrow reads are statements on the event
 store's database (through its indexes: migrations 0005 and the sessions' keyset index), built on
 the store's engine by ``tracker.bootstrap.build_views``. The ``EventStore`` contract itself, which
-the in-memory store meets too, is ``tests/test_store_contract.py``.
+the in-memory store meets too, is ``tests/integration/test_store_contract.py``.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from tests.integration.test_store_contract import ToyProjector, ev, execute_sql, fold
 from tests.support.db import feed_shows, settled, transaction_open_elsewhere
+from tests.support.toy_store import ToyProjector, ev, execute_sql, fold
 from tracker.bootstrap import build_views
 from tracker.calibrations import ledger_of
 from tracker.core.events import UsageReported
@@ -313,6 +313,7 @@ def test_find_by_data(store, views, mixed):
             views.find_by_data("mix", kinds, key, "a5")
 
 
+@pytest.mark.feed
 def test_the_feed_held_back_by_a_transaction_in_another_database_and_the_gauges_say_so(store, views, db_url):
     """PostgreSQL's feed shows an event once every transaction that took an id before it has ended,
     on the whole server: a transaction left open in *another* database holds this one's feed back.
@@ -323,7 +324,7 @@ def test_the_feed_held_back_by_a_transaction_in_another_database_and_the_gauges_
     assert settled(views.feed_held, lambda held: held == (0, None)) == (0, None)
     if not db_url.startswith("postgresql"):
         return
-    with transaction_open_elsewhere() as end:
+    with transaction_open_elsewhere(db_url) as end:
         held = store.append("a", 1, [ev("Tick"), ev("Tick")])
         time.sleep(0.3)
         assert store.read_all(first.positions[-1]) == []  # held back (read_stream is not)

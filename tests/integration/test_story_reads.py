@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import pytest
 
+from tests.support.bench import build_session
 from tracker.audit.story import MAX_POINTS, account, build_story, read_story
-from tracker.bench.console import build_session
 from tracker.bootstrap import build_views
 from tracker.core import SessionProjector
 from tracker.store import NewEvent, open_store, upgrade
@@ -121,7 +121,7 @@ def test_read_story_of_a_session_with_the_providers_reports(store, views):
     account's sentence) read the same through the narrow reads as off every event."""
     import random
 
-    from tests.support.sim_provider import CODING_AGENT, SimProvider, session
+    from tests.support.bench import CODING_AGENT, SimProvider, session
     from tracker.counting.backends import InProcessCounting
     from tracker.counting.registry import ModelRegistry
     from tracker.service import Tracker

@@ -11,11 +11,11 @@ an event after the limit), and each reason's sentence is checked against the fun
 from __future__ import annotations
 
 import dataclasses
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
+from tests.support.core_caller import T0, CoreCaller
 from tracker.audit import story as story_mod
 from tracker.audit.pages import _plural
 from tracker.audit.story import Limit, Story, account, build_story, ineligible_because, read_story, why_at_limit
@@ -38,7 +38,6 @@ from tracker.queries import decode
 from tracker.store import NewEvent, StoredEvent, open_store, upgrade
 
 L = 100_000  # default levels on this limit: compact 80,000, rearm 60,000, hard 100,000
-T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 #: what the account says for each of the core's reasons (a fixed text: the test can fail)
 SAID = {
@@ -67,20 +66,8 @@ def meas(through: str, used: int, revision: int = 1) -> Measurement:
     )
 
 
-class Caller:
+class Caller(CoreCaller):
     """Plays the caller of the core and keeps what it recorded, as the store would hand it back."""
-
-    def __init__(self, policy: Policy, sid: str = "s") -> None:
-        self.policy, self.sid = policy, sid
-        self.state = SessionState(session_id=sid)
-        self.events: list[DomainEvent] = []
-        self.now = 1000.0
-        self.n = 0
-
-    def _record(self, out: Any) -> Any:
-        self.events.extend(out.events)
-        self.state = out.state
-        return out
 
     def measure(self, through: str, used: int) -> Any:
         self.now += 1
@@ -88,11 +75,11 @@ class Caller:
         out = decide_measure(
             self.state, self.policy, meas(through, used, self.state.revision), now=self.now, new_attempt_id=f"a{self.n}"
         )
-        return self._record(out)
+        return self.record(out)
 
     def reject(self, attempt: Attempt, reason: str = "summarizer_error") -> Any:
         self.now += 1
-        return self._record(
+        return self.record(
             decide_reject(
                 self.state,
                 attempt_id=attempt.attempt_id,
@@ -105,13 +92,7 @@ class Caller:
     def manual(self) -> Any:
         self.now += 1
         self.n += 1
-        return self._record(decide_manual(self.state, self.policy, now=self.now, new_attempt_id=f"m{self.n}"))
-
-    def stored(self) -> list[StoredEvent]:
-        return [
-            StoredEvent(i, self.sid, i, e.TYPE, e.to_data(), T0 + timedelta(seconds=i), None)
-            for i, e in enumerate(self.events, start=1)
-        ]
+        return self.record(decide_manual(self.state, self.policy, now=self.now, new_attempt_id=f"m{self.n}"))
 
 
 def observe_only() -> Caller:

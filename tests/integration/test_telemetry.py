@@ -29,9 +29,9 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.support.bench import WorkerProcess, free_port, start_server
 from tests.support.db import REDIS_URL, create_pg_database, drop_pg_database
 from tests.support.db import sqlalchemy_url as _sqlalchemy_url
-from tracker.bench.procs import WorkerProcess, free_port, start_server
 from tracker.counting.celery import make_celery_app
 from tracker.settings import Settings
 

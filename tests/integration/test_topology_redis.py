@@ -1,4 +1,4 @@
-"""Coordination on Redis Cluster and Sentinel, started for real (tests/support/topology.py).
+"""Coordination on Redis Cluster and Sentinel, started for real (tests/support/redis_topologies.py).
 
 A 3-master Cluster with one replica per master, and a Sentinel watching a primary and a
 replica. Single-flight must hold through a failover of either: real processes race on one
@@ -18,13 +18,15 @@ import pytest
 import redis
 
 from tests.support.cli import run_tracker
-from tests.support.topology import RedisClusterTopology, SentinelTopology, free_port, missing, run_race
+from tests.support.loopback import missing
+from tests.support.procs import free_port
+from tests.support.races import run_race
+from tests.support.redis_topologies import RedisClusterTopology, SentinelTopology
 from tracker.coordination import RedisCoordinator, coordinator_from_url
-from tracker.errors import InvalidSetting
-from tracker.settings import Settings, parse_redis_url
+from tracker.settings import Settings
 from tracker.store.migrate import upgrade
 
-pytestmark = [pytest.mark.redis]
+pytestmark = [pytest.mark.serial, pytest.mark.redis]
 
 PROCS = 4
 
@@ -58,16 +60,6 @@ def race_db(pg_url):
 # -- the URL and the settings -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "url",
-    ["redis+foo://h:1", "http://h:1", "redis+cluster://", "redis+cluster://h:notaport", "redis+sentinel://h:26379"],
-)
-def test_an_unknown_or_malformed_redis_url_is_a_setting_error_naming_the_variable(url):
-    with pytest.raises(InvalidSetting) as err:
-        Settings.of(redis_url=url)
-    assert err.value.field == "TRACKER_REDIS_URL"
-
-
 def test_the_cli_refuses_a_bad_redis_url_in_one_line_without_the_password(tmp_path):
     env = {"TRACKER_REDIS_URL": "redis+clustr://u:hunter2@h:7000", "TRACKER_DATABASE_URL": f"sqlite:///{tmp_path}/t.db"}
     import os
@@ -84,21 +76,6 @@ def test_the_cli_refuses_a_bad_redis_url_in_one_line_without_the_password(tmp_pa
     assert "Traceback" not in out and len(out.splitlines()) == 1, out
     assert "TRACKER_REDIS_URL" in out and "unknown scheme 'redis+clustr'" in out
     assert "hunter2" not in out
-
-
-def test_every_topology_url_parses():
-    assert parse_redis_url("redis+cluster://a:7000,b:7001").nodes == (("a", 7000), ("b", 7001))
-    s = parse_redis_url("rediss+sentinel://:pw@a,b:26380/main/2")
-    assert (s.kind, s.nodes, s.service, s.db, s.ssl, s.password) == (
-        "sentinel",
-        (("a", 26379), ("b", 26380)),
-        "main",
-        2,
-        True,
-        "pw",
-    )
-    assert "pw" not in repr(s)
-    assert parse_redis_url("redis://localhost:6379/0").kind == "single"
 
 
 # -- the cluster ----------------------------------------------------------------------------------

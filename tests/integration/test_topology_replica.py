@@ -28,22 +28,22 @@ import uuid
 
 import httpx
 import pytest
-from sqlalchemy.engine import make_url
 
 from tests.support.api import settled_feed
+from tests.support.bench import free_port, start_server, stop_server
 from tests.support.cli import run_tracker
+from tests.support.loopback import wait_for
 from tests.support.measurements import measurement
-from tests.support.topology import PgReplication, postgres_bin, wait_for
+from tests.support.replicas import PgReplication, postgres_bin
 from tracker import Tracker
-from tracker.bench.procs import free_port, start_server, stop_server
 from tracker.bootstrap import build_lag_probe, build_read_store, build_store, read_only_url
 from tracker.core import SessionProjector
-from tracker.errors import InvalidSetting, StoreError, StoreUnavailable
+from tracker.errors import StoreError, StoreUnavailable
 from tracker.settings import Settings
 from tracker.store import NewEvent, make_engine, open_store, upgrade
 from tracker.store.fleets import FleetStore
 
-pytestmark = [pytest.mark.postgres]
+pytestmark = [pytest.mark.serial, pytest.mark.postgres]
 
 DB = "tracker"
 MAX_LAG_S = 1.0
@@ -80,10 +80,6 @@ def _settings(repl: PgReplication, **extra: object) -> Settings:
     return Settings.of(database_url=repl.url(DB), read_database_url=repl.url(DB, replica=True), **extra)
 
 
-def _measurement(basis: str, used: int) -> dict:
-    return measurement(basis, used, 1000)
-
-
 def _app_statements(log: str) -> list[str]:
     """The statements the tracker sent (``application_name`` context-tracker), as logged."""
     return [
@@ -101,7 +97,7 @@ def test_writes_land_on_the_primary_appear_on_the_replica_which_refuses_writes(r
     sid = f"w-{uuid.uuid4().hex[:8]}"
     with Tracker.from_settings(s) as t:
         for i in range(5):
-            t.observe(sid, measurement=_measurement(f"b{i}", 100 + i))
+            t.observe(sid, measurement=measurement(f"b{i}", 100 + i))
         primary = [(e.version, e.type, e.position) for e in t.store.read_stream(sid)]
     repl.wait_caught_up()
     read = build_read_store(s.store, projector=SessionProjector())
@@ -332,7 +328,7 @@ def test_the_read_side_reads_the_replica_and_the_decisions_the_primary(repl, ser
     sid = f"h-{uuid.uuid4().hex[:8]}"
     with _client(server) as c:
         for i in range(3):
-            r = c.post(f"/v1/sessions/{sid}/observe", json={"measurement": _measurement(f"b{i}", 100 + i)})
+            r = c.post(f"/v1/sessions/{sid}/observe", json={"measurement": measurement(f"b{i}", 100 + i)})
             assert r.status_code == 200, r.text
         repl.wait_caught_up()
         primary_mark, replica_mark = len(repl.log("primary")), len(repl.log("replica"))
@@ -358,7 +354,7 @@ def test_the_read_side_reads_the_replica_and_the_decisions_the_primary(repl, ser
         # replay paused: the replica's history stays behind while the primary's state (and the decisions) move on
         repl.pause_replay()
         try:
-            r = c.post(f"/v1/sessions/{sid}/observe", json={"measurement": _measurement("b9", 150)})
+            r = c.post(f"/v1/sessions/{sid}/observe", json={"measurement": measurement("b9", 150)})
             assert r.status_code == 200 and r.json()["version"] == 5, r.text
             assert c.get(f"/v1/sessions/{sid}").json()["version"] == 5  # the state: from the primary
             assert len(c.get(f"/v1/sessions/{sid}/history").json()["events"]) == 4  # the history: the replica
@@ -374,7 +370,7 @@ def test_the_read_side_reads_the_replica_and_the_decisions_the_primary(repl, ser
                 r = c.get(path)
                 assert r.status_code == 503 and r.json()["code"] == "store_unavailable", (path, r.text)
             assert console.get(f"/console/sessions/{sid}").status_code == 503
-            r = c.post(f"/v1/sessions/{sid}/observe", json={"measurement": _measurement("b10", 160)})
+            r = c.post(f"/v1/sessions/{sid}/observe", json={"measurement": measurement("b10", 160)})
             assert r.status_code == 200 and r.json()["version"] == 6, r.text
             assert c.get(f"/v1/sessions/{sid}").json()["version"] == 6
             ready = c.get("/readyz")
@@ -408,7 +404,7 @@ def test_lag_shows_in_readyz_and_the_gauge(repl, server):
         try:
             for i in range(3):
                 assert (
-                    c.post(f"/v1/sessions/{sid}/observe", json={"measurement": _measurement(f"b{i}", 10)}).status_code
+                    c.post(f"/v1/sessions/{sid}/observe", json={"measurement": measurement(f"b{i}", 10)}).status_code
                     == 200
                 )
             time.sleep(MAX_LAG_S + 0.5)
@@ -449,11 +445,11 @@ def test_the_cli_read_commands_read_the_replica(repl):
     s = _settings(repl)
     sid = f"cli-{uuid.uuid4().hex[:8]}"
     with Tracker.from_settings(s) as t:
-        t.observe(sid, measurement=_measurement("b0", 100))
+        t.observe(sid, measurement=measurement("b0", 100))
         repl.wait_caught_up()
         repl.pause_replay()
         try:
-            t.observe(sid, measurement=_measurement("b1", 110))  # on the primary only, for now
+            t.observe(sid, measurement=measurement("b1", 110))  # on the primary only, for now
             env = {k: v for k, v in os.environ.items() if not k.startswith("TRACKER_")}
             env.update(TRACKER_DATABASE_URL=repl.url(DB), TRACKER_READ_DATABASE_URL=repl.url(DB, replica=True))
 
@@ -478,21 +474,6 @@ def test_the_cli_read_commands_read_the_replica(repl):
     assert [step["version"] for step in replayed] == [1, 2]
 
 
-def test_the_settings_and_the_read_only_url():
-    s = Settings.of(read_database_url="postgres://u:secret@replica:5432/db", read_max_lag_s=5)
-    assert s.store.read_database_url == "postgresql+psycopg://u:secret@replica:5432/db"
-    assert s.store.read_max_lag_s == 5.0 and Settings().store.read_database_url is None
-    assert ("TRACKER_READ_DATABASE_URL", "postgresql+psycopg://u:********@replica:5432/db", "store") in s.describe()
-    for bad in ("0", "-1", "inf", "soon"):
-        with pytest.raises(InvalidSetting, match="TRACKER_READ_MAX_LAG_S"):
-            Settings.load({"TRACKER_READ_MAX_LAG_S": bad})
-    url = read_only_url("postgresql+psycopg://u@h/db?options=-c%20statement_timeout%3D5s")
-    assert make_url(url).query["options"] == "-c statement_timeout=5s -c default_transaction_read_only=on"
-    assert read_only_url(url) == url  # once
-    assert read_only_url("postgresql+psycopg://u@h/db", "transaction") == "postgresql+psycopg://u@h/db"
-    assert read_only_url("sqlite:///x.db") == "sqlite:///x.db"
-
-
 def test_a_stopped_replica_fails_the_read_side_with_a_typed_error(repl):
     """Reads on the replica when it does not answer: ``StoreUnavailable``, never a fallback to the primary."""
     s = _settings(repl)
@@ -502,7 +483,7 @@ def test_a_stopped_replica_fails_the_read_side_with_a_typed_error(repl):
         with pytest.raises(StoreUnavailable):
             reader.read_all(0, limit=1)
         with Tracker.from_settings(s) as t:  # the decision path does not need it
-            assert t.observe(f"d-{uuid.uuid4().hex[:6]}", measurement=_measurement("b0", 10)).version == 2
+            assert t.observe(f"d-{uuid.uuid4().hex[:6]}", measurement=measurement("b0", 10)).version == 2
     finally:
         reader.close()
         repl.start_replica()

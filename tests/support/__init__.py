@@ -1,11 +1,15 @@
-"""The tests' one harness (never shipped in the wheel).
+"""The tests' one harness (never shipped in the wheel). ``plugin`` (registered by tests/conftest.py) owns
+the fixtures, the markers (``feed``, ``serial``) and the parallel run; test modules import the rest from
+here, never from another test module.
 
-* ``db``       scratch PostgreSQL databases (``scratch_database``), the test servers' URLs
-* ``api``      ``api_server(**settings)``: ``tracker serve`` over a fresh database, with fleets and keys
-* ``cli``      ``Cli``: the one runner of ``tracker …`` commands (``run_tracker``); ``clean_env``
-* ``zygote``   the pre-imported interpreter each ``tracker …`` command is forked from
-* ``procs``    free ports, a port probe, private Redis servers, the PostgreSQL server's log,
-               ``racing_context()`` (racing processes forked from a preloaded server)
-* ``workers``  a Celery count worker the tests can kill
-* ``counters``, ``fake_provider``  test doubles (misbehaving counters, a fake token-counting provider)
+* ``db``, ``pg_cluster``  scratch PostgreSQL databases, the private cluster; ``api``: ``tracker serve``
+  (``api_server(**settings)``) with fleets and keys, and the HTTP calls the API tests make
+* ``cli``, ``zygote``  ``Cli``: the one runner of ``tracker …`` commands, forked from a pre-imported interpreter
+* ``procs``, ``workers``, ``browser``  free ports, private Redis servers, the PostgreSQL log, racing
+  processes; a Celery count worker the tests can kill; Chromium for the console
+* ``bench``  what the tests use of the shipped bench (servers, workers, the simulated provider, ...)
+* ``loopback``, ``redis_topologies``, ``pgbouncer``, ``replicas``, ``races``  production topologies started
+  for real, and the races run through them
+* ``service_suite``  the service tests every store runs; ``measurements``, ``requests``, ``toy_store``,
+  ``whatif_traces``, ``core_caller``, ``counters``, ``fake_provider``, ... shared inputs and test doubles
 """

@@ -11,12 +11,20 @@ this process's (or, with ``clean=True``, only what is given) with the scratch da
 (``via_cli=True``: with the real ``tracker fleet create`` / ``key create`` commands, the first key by
 fleet name and the others by fleet id). ``seed(db_url, fleets)`` runs before the server starts.
 
+The calls the API tests make: ``observe(client, session, basis, tokens)`` (status 200 unless
+given), ``history``, ``assert_error(response, status, code, field)``, ``metric_values`` / ``metric``
+(``/metrics`` parsed), ``max_position(db_url)``, and ``run_cli`` / ``cli_json`` (the real CLI).
+
+A module that asks for the plugin's ``server`` fixture gets ``api_server(**API_SERVER)`` with the
+module's own ``API_SERVER`` settings (tests/support/plugin.py), and ``a`` / ``b``: a client per fleet.
+
 ``settled_feed(client, done)`` reads a fleet's ``/v1/events`` until ``done(events)`` holds
 (``tests.support.db.settled``: a read right after a write may not show it yet).
 """
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -26,9 +34,10 @@ from typing import Any
 
 import httpx
 
+from tests.support.bench import free_port, start_server, stop_server
 from tests.support.cli import Cli, clean_env
 from tests.support.db import REDIS_URL, scratch_database, settled
-from tracker.bench.procs import free_port, start_server, stop_server
+from tests.support.measurements import measure
 
 
 @dataclass
@@ -122,10 +131,12 @@ def api_server(
     log: Path | None = None,
     prefix: str = "ct",
     extra_args: Sequence[str] = (),
+    admin_url: str | None = None,
     **settings: str,
 ) -> Iterator[ApiServer]:
-    """A ``tracker serve`` subprocess on a free loopback port over a fresh, upgraded database."""
-    with scratch_database(prefix, upgrade=True) as db_url:
+    """A ``tracker serve`` subprocess on a free loopback port over a fresh, upgraded database (on the
+    shared server, or on the one at ``admin_url``: a private cluster's)."""
+    with scratch_database(prefix, upgrade=True, admin_url=admin_url) as db_url:
         env = clean_env() if clean else dict(os.environ)
         env.pop("TRACKER_BROKER_URL", None)
         env.pop("TRACKER_REDIS_URL", None)
@@ -170,3 +181,60 @@ def settled_feed(
         return events
 
     return settled(read, done, timeout_s=timeout_s)
+
+
+def observe(c: httpx.Client, session: str, basis: str, tokens: int, status: int = 200, **extra: Any) -> dict[str, Any]:
+    r = c.post(f"/v1/sessions/{session}/observe", json=measure(basis, tokens, **extra))
+    assert r.status_code == status, r.text
+    return r.json()
+
+
+def history(c: httpx.Client, session: str) -> list[dict[str, Any]]:
+    r = c.get(f"/v1/sessions/{session}/history", params={"limit": 1000})
+    assert r.status_code == 200, r.text
+    return r.json()["events"]
+
+
+def assert_error(r: httpx.Response, status: int, code: str, field: str | None = None) -> dict[str, Any]:
+    assert r.status_code == status, r.text
+    body = r.json()
+    assert body["code"] == code, body
+    assert {"code", "error", "message"} <= set(body)
+    if field is not None:
+        assert body["field"] == field, body
+    return body
+
+
+def max_position(db_url: str) -> int:
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(db_url)
+    try:
+        with engine.connect() as conn:
+            return int(conn.execute(text("SELECT coalesce(max(position), 0) FROM events")).scalar_one())
+    finally:
+        engine.dispose()
+
+
+def metric_values(c: httpx.Client) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    r = c.get("/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    out = {}
+    for family in text_string_to_metric_families(r.text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def metric(values: dict, name: str, **labels: str) -> float:
+    return values.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def run_cli(env: dict[str, str], *args: str, ok: bool = True) -> Any:
+    return Cli(env, timeout=120).run(*args, ok=True if ok else None)
+
+
+def cli_json(env: dict[str, str], *args: str) -> Any:
+    return json.loads(run_cli(env, *args, "--json").stdout)

@@ -22,7 +22,6 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TypeVar
 
-from tracker.bench.procs import create_scratch_db, drop_scratch_db
 from tracker.settings import normalize_database_url
 from tracker.store import EventStore
 
@@ -55,20 +54,29 @@ def feed_passed(store: EventStore, session_id: str, *, timeout_s: float = 30.0) 
     return not events or feed_shows(store, events[-1].position, timeout_s=timeout_s)
 
 
+def server_of(url: str) -> str:
+    """The admin URL (libpq, database ``postgres``) of the server a database URL is on."""
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).set(drivername="postgresql", database="postgres").render_as_string(hide_password=False)
+
+
 @contextmanager
-def transaction_open_elsewhere() -> Iterator[Callable[[], None]]:
-    """A transaction that has taken an id, left open in a scratch database of its own on the same
-    server: it holds every database's event feed back (the horizon is the server's) until the
-    ``end()`` yielded is called, or the block ends."""
+def transaction_open_elsewhere(beside: str | None = None) -> Iterator[Callable[[], None]]:
+    """A transaction that has taken an id, left open in a scratch database of its own on the server
+    of the database ``beside`` (the shared server without it): it holds every database's event feed
+    back there (the horizon is the server's) until the ``end()`` yielded is called, or the block ends.
+    Tests that do this run on a private cluster (``@pytest.mark.feed``), so they hold back no one else."""
     import psycopg
 
-    name, url = create_pg_database("ct_other")
+    admin = server_of(beside) if beside else None
+    name, url = create_pg_database("ct_other", admin)
     try:
         with psycopg.connect(url) as conn:
             conn.execute("SELECT pg_current_xact_id()")
             yield conn.rollback
     finally:
-        drop_pg_database(name)
+        drop_pg_database(name, admin)
 
 
 def sqlalchemy_url(libpq_url: str) -> str:
@@ -76,20 +84,26 @@ def sqlalchemy_url(libpq_url: str) -> str:
     return normalize_database_url(libpq_url)
 
 
-def create_pg_database(prefix: str = "ct") -> tuple[str, str]:
-    """Create a fresh, empty database; return (name, libpq url)."""
-    return create_scratch_db(PG_ADMIN_URL, prefix)
+def create_pg_database(prefix: str = "ct", admin_url: str | None = None) -> tuple[str, str]:
+    """Create a fresh, empty database on the shared server (or the one at ``admin_url``); return
+    (name, libpq url)."""
+    from tests.support.bench import create_scratch_db
+
+    return create_scratch_db(admin_url or PG_ADMIN_URL, prefix)
 
 
-def drop_pg_database(name: str) -> None:
-    drop_scratch_db(PG_ADMIN_URL, name)
+def drop_pg_database(name: str, admin_url: str | None = None) -> None:
+    from tests.support.bench import drop_scratch_db
+
+    drop_scratch_db(admin_url or PG_ADMIN_URL, name)
 
 
 @contextmanager
-def scratch_database(prefix: str = "ct", *, upgrade: bool = False) -> Iterator[str]:
+def scratch_database(prefix: str = "ct", *, upgrade: bool = False, admin_url: str | None = None) -> Iterator[str]:
     """A fresh database for the ``with`` block (its SQLAlchemy URL), at the head revision with
-    ``upgrade``; dropped afterwards."""
-    name, url = create_pg_database(prefix)
+    ``upgrade``; dropped afterwards. On the shared server, or on the one at ``admin_url`` (a private
+    cluster's)."""
+    name, url = create_pg_database(prefix, admin_url)
     try:
         db_url = sqlalchemy_url(url)
         if upgrade:
@@ -98,4 +112,4 @@ def scratch_database(prefix: str = "ct", *, upgrade: bool = False) -> Iterator[s
             upgrade_to_head(db_url)
         yield db_url
     finally:
-        drop_pg_database(name)
+        drop_pg_database(name, admin_url)

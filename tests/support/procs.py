@@ -12,7 +12,7 @@ import subprocess
 import tempfile
 import time
 
-from tracker.bench.procs import free_port, stop_process_group
+from tests.support.bench import free_port, stop_process_group
 
 __all__ = ["PostgresLog", "PrivateRedis", "free_port", "port_open", "racing_context", "stop_process_group"]
 
@@ -24,6 +24,7 @@ RACER_PRELOAD = [
     "tracker.store.postgres",
     "redis",
     "psycopg",
+    "tests.support.races",
 ]
 
 

@@ -11,8 +11,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from tracker.bench.calibration import BAND_FROM, SIM_MODELS
-from tracker.bench.sim_provider import Profile, SimProvider, Workload, session
+from tests.support.bench import BAND_FROM, SIM_MODELS, Profile, SimProvider, Workload, session
 from tracker.core.calibration import MIN_SAMPLES
 from tracker.core.state import SessionProjector
 from tracker.counting.backends import InProcessCounting

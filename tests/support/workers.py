@@ -7,7 +7,7 @@ import shutil
 import signal
 import subprocess
 
-from tracker.bench.procs import WorkerProcess
+from tests.support.bench import WorkerProcess
 
 
 class KillableWorker(WorkerProcess):

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tracker.bench.sim_provider import (
+from tests.support.bench import (
     ANTHROPIC_LIKE,
     CODING_AGENT,
     GEMINI_LIKE,

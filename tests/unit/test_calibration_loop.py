@@ -15,9 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.provider_loop import COUNTING, MODEL, assert_within_band, observe_session, tracker, train
-from tracker.bench.calibration import CASES as BENCH_CASES
-from tracker.bench.sim_provider import (
+from tests.support.bench import (
     ANTHROPIC_LIKE,
     CODING_AGENT,
     Profile,
@@ -25,6 +23,8 @@ from tracker.bench.sim_provider import (
     Workload,
     session,
 )
+from tests.support.bench import CASES as BENCH_CASES
+from tests.support.provider_loop import COUNTING, MODEL, assert_within_band, observe_session, tracker, train
 from tracker.core.calibration import FACTOR_MAX, FACTOR_MIN, MIN_SAMPLES
 from tracker.core.model import QUALITY_HEURISTIC
 from tracker.core.policy import Policy

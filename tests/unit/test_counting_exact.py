@@ -16,6 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.support.agent_request import AGENT_REQUEST, CODE, JSON_OUTPUT
 from tests.support.counters import SleepCounter, counter_path
 from tracker.bootstrap import build_registry
 from tracker.core.model import Basis
@@ -92,23 +93,7 @@ def cookbook_count(enc, messages: list[dict[str, str]]) -> int:
     return n + 3
 
 
-CODE = inspect.getsource(textwrap)
 PROSE = textwrap.dedent(json.__doc__ or "") + "\n" + (inspect.getdoc(random.Random) or "")
-JSON_OUTPUT = json.dumps(
-    {
-        "results": [
-            {
-                "id": str(uuid.UUID(int=i * 7919)),
-                "path": f"src/module_{i}.py",
-                "score": round(1 / (i + 1), 4),
-                "ok": i % 3 != 0,
-            }
-            for i in range(40)
-        ],
-        "next_cursor": "eyJwYWdlIjogMn0=",
-    },
-    indent=2,
-)
 BLOB = base64.b64encode(random.Random(4).randbytes(2400)).decode()
 MULTILINGUAL = (
     "Die Würde des Menschen ist unantastbar. Tous les êtres humains naissent libres et égaux. "
@@ -154,71 +139,6 @@ def test_exact_count_equals_tiktoken_cookbook(tiktoken_encodings, index, encodin
     result = ExactLocalCounter().count(CanonicalRequest.from_dict(as_request(messages)), model)
     assert result.input_tokens == expected
     assert result.quality == "exact_local" and result.model == model.name
-
-
-AGENT_REQUEST = {
-    "system": "You are a coding agent. Use tools.",
-    "messages": [
-        {"role": "user", "content": "Find the failing test and fix it."},
-        {
-            "role": "assistant",
-            "content": "Running the tests.",
-            "tool_calls": [
-                {
-                    "id": "call_1",
-                    "type": "function",
-                    "function": {"name": "run", "arguments": '{"cmd": "pytest -x", "timeout": 120}'},
-                }
-            ],
-        },
-        {
-            "role": "tool",
-            "tool_call_id": "call_1",
-            "content": "FAILED tests/test_api.py::test_limit - assert 3 == 4\n" + JSON_OUTPUT[:1500],
-        },
-        {
-            "role": "assistant",
-            "content": [
-                {"type": "text", "text": "Reading the file."},
-                {"type": "tool_use", "id": "call_2", "name": "read", "input": {"path": "src/api.py", "lines": [1, 80]}},
-            ],
-        },
-        {
-            "role": "user",
-            "content": [
-                {"type": "tool_result", "tool_use_id": "call_2", "content": [{"type": "text", "text": CODE[:3000]}]}
-            ],
-        },
-        {
-            "role": "user",
-            "content": [
-                {"type": "text", "text": "Here is a screenshot."},
-                {"type": "image", "width": 1024, "height": 768, "detail": "high"},
-            ],
-        },
-    ],
-    "tools": [
-        {
-            "type": "function",
-            "function": {
-                "name": "run",
-                "description": "Run a shell command",
-                "parameters": {
-                    "type": "object",
-                    "properties": {"cmd": {"type": "string"}, "timeout": {"type": "integer"}},
-                },
-            },
-        },
-        {
-            "name": "read",
-            "description": "Read a file",
-            "input_schema": {
-                "type": "object",
-                "properties": {"path": {"type": "string"}, "lines": {"type": "array", "items": {"type": "integer"}}},
-            },
-        },
-    ],
-}
 
 
 def reference_agent_count(enc) -> int:

@@ -10,6 +10,7 @@ from fractions import Fraction
 
 import pytest
 
+from tests.support.core_caller import CoreCaller
 from tracker.core import (
     Basis,
     Calibration,
@@ -41,15 +42,9 @@ def meas(through: str, used: int, quality: str = HEURISTIC, limit: int = L, revi
     return Measurement(Basis(revision, through), ModelRef("anthropic", "m1"), FP, used, limit, quality)
 
 
-class Caller:
-    def __init__(self) -> None:
-        self.state = SessionState(session_id="s")
-        self.events: list[ev.DomainEvent] = []
-        self.n = 0
-
+class Caller(CoreCaller):
     def take(self, out: Outcome) -> Outcome:
-        self.events.extend(out.events)
-        self.state = out.state
+        self.record(out)
         assert fold(self.events, "s") == self.state
         if out.error is not None:
             raise out.error

@@ -1,17 +1,16 @@
 """The service's logic on the in-memory store: no database, no server, no subprocess.
 
-Every test of ``tests/integration/test_service.py`` that needs nothing but a ``tracker`` runs here
-again, on ``MemoryEventStore`` (which passes the same ``EventStore`` contract suite as SQLite and
-PostgreSQL), with the same check after each one: the projection equals the fold of the log.
+The service suite (tests/support/service_suite.py, which tests/integration/test_service.py runs on
+SQLite and PostgreSQL) runs here again, on ``MemoryEventStore`` (which passes the same ``EventStore``
+contract suite as SQLite and PostgreSQL), with the same check after each test: the projection equals
+the fold of the log.
 """
 
 from __future__ import annotations
 
-import inspect
-
 import pytest
 
-from tests.integration import test_service as on_sql
+from tests.support.service_suite import *  # noqa: F403 - the shared service suite, run on this module's tracker
 from tracker import Policy
 from tracker.core import SessionProjector
 from tracker.service import Tracker
@@ -20,24 +19,9 @@ from tracker.store.memory import MemoryEventStore
 
 
 @pytest.fixture
-def tracker():
-    clock = on_sql.Clock()
+def tracker(clock):
     store = MemoryEventStore(projector=SessionProjector())
     t = Tracker(store, policy=Policy(attempt_lease_s=30), clock=clock)
-    t.test_clock = clock  # type: ignore[attr-defined]
     yield t
     assert verify_projections(store, SessionProjector()) == []  # after every test: state == fold(log)
     t.close()
-
-
-SHARED = sorted(
-    name
-    for name, fn in vars(on_sql).items()
-    if name.startswith("test_") and callable(fn) and list(inspect.signature(fn).parameters) == ["tracker"]
-)
-globals().update({name: getattr(on_sql, name) for name in SHARED})
-
-
-def test_the_memory_suite_runs_the_service_suite():
-    """Most of the service's tests need only a tracker; they all run here (a rename cannot drop them)."""
-    assert len(SHARED) >= 10, SHARED

@@ -102,7 +102,7 @@ FIM_SUFFIX = "<|fim_suffix|>"
 ENDOFPROMPT = "<|endofprompt|>"
 
 # Split patterns and special tokens as in tiktoken_ext/openai_public.py (tiktoken 0.7-0.14);
-# tests/test_counting_exact.py checks they are identical to the installed tiktoken's.
+# tests/unit/test_counting_exact.py checks they are identical to the installed tiktoken's.
 ENCODINGS: dict[str, EncodingSource] = {
     "cl100k_base": EncodingSource(
         name="cl100k_base",
@@ -436,7 +436,7 @@ class HeuristicCounter:
 
     It is built never to undercount ``o200k_base`` / ``cl100k_base``: over realistic
     requests it runs about 1.4-2x the exact count (prose ~1.7x, code ~1.8x, non-ASCII
-    text up to ~3x on o200k); measured in tests/test_counting_exact.py, including a
+    text up to ~3x on o200k); measured in tests/unit/test_counting_exact.py, including a
     hypothesis property over generated text. Random letter noise can still undercount;
     the policy's ``safety_margin`` is there for that.
     """

@@ -1,6 +1,6 @@
 """``MemoryEventStore``: the ``EventStore`` port in plain Python, for tests and embedding without a database.
 
-The same semantics as ``tracker.store.sql.SqlEventStore`` (``tests/test_store_contract.py`` runs
+The same semantics as ``tracker.store.sql.SqlEventStore`` (``tests/integration/test_store_contract.py`` runs
 one suite against all of them): per-session versions without gaps; an optimistic version check
 raising ``ConcurrencyConflict`` (with ``current_state``); idempotency keys (a retry returns the
 original result, ``replayed=True``, and writes nothing, even with a stale version); the

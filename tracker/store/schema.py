@@ -2,7 +2,7 @@
 
 The schema is created and changed only by the Alembic migrations in ``alembic/``
 at the repository root (shipped in the wheel as ``tracker/alembic``);
-``tests/test_migrations.py`` checks that these models and the migrations agree on
+``tests/integration/test_migrations.py`` checks that these models and the migrations agree on
 both backends. Change both together.
 
 ``events``    the append-only log: global ``position``, per-session ``version``.

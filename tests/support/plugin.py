@@ -1,0 +1,196 @@
+"""The suite's fixtures and how it runs in parallel (registered by tests/conftest.py's ``pytest_plugins``).
+
+Fixtures: databases (``pg_url``, ``sqlite_url``, ``db_url`` over both backends, ``redis_url``,
+``redis_prefix``), ``private_pg`` (this process's private PostgreSQL cluster), the HTTP clients ``a``
+and ``b`` of fleet A and fleet B of the module's ``server`` (an :class:`~tests.support.api.ApiServer`;
+``server`` itself is ``api_server(**API_SERVER)`` unless the module defines one), and a browser
+(``browser``, ``page``; signing in and screenshots are tests/support/browser.py).
+
+Markers:
+
+* ``@pytest.mark.feed``: the test reads PostgreSQL's event feed at once after writing (``read_all``,
+  an export, calibration's catch-up) or holds it back with an open transaction. The feed shows an
+  event once every transaction older than it has ended on the whole *server*, so such a test gets
+  its ``pg_url`` / ``db_url`` on ``private_pg``, a cluster no other test process writes to (a module
+  marked so gets its module's server there too, by asking for ``private_pg``).
+* ``@pytest.mark.serial`` (a module's ``pytestmark``): a CPU-sensitive module (16-process races,
+  latency ratios, wall-clock budgets). Under pytest-xdist (``-n 2 --dist loadgroup``) its tests run in
+  one group, one after another on one worker, and alone: while one runs, the other worker waits (a
+  file lock the workers share: exclusive for a serial test, shared for any other; a waiting serial test
+  lets no new test start, so it never starves). Unit tests are spread one by one; the tests of an
+  integration or e2e module stay together on one worker (their module-scoped servers are built once).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support import pg_cluster
+from tests.support.db import REDIS_URL, create_pg_database, drop_pg_database, sqlalchemy_url
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "feed: reads the event feed at once; runs on a private PostgreSQL cluster")
+    config.addinivalue_line("markers", "serial: CPU-sensitive; runs alone (the other xdist worker waits)")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        module = item.module.__name__ if getattr(item, "module", None) is not None else ""
+        if any(True for _ in item.iter_markers("xdist_group")):
+            continue
+        if item.get_closest_marker("serial") is not None:
+            item.add_marker(pytest.mark.xdist_group("serial"))
+        elif module.startswith(("tests.integration.", "tests.e2e.")):
+            item.add_marker(pytest.mark.xdist_group(module.rsplit(".", 1)[-1]))
+
+
+def _is_serial(item: pytest.Item) -> bool:
+    return any(m.args[:1] == ("serial",) or m.kwargs.get("name") == "serial" for m in item.iter_markers("xdist_group"))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    """Under pytest-xdist: a serial test (setup, module fixtures included, call, teardown) holds the
+    workers' lock exclusively, every other test shares it; the turnstile lets no new test start while
+    a serial one waits."""
+    workerinput = getattr(item.config, "workerinput", None)
+    if workerinput is None:  # one process: nothing runs beside anything
+        yield
+        return
+    base = Path(tempfile.gettempdir()) / f"ct-pytest-{workerinput['testrunuid']}"
+    with open(f"{base}.turnstile", "a") as turnstile, open(f"{base}.lock", "a") as lock:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        fcntl.flock(lock, fcntl.LOCK_EX if _is_serial(item) else fcntl.LOCK_SH)
+        fcntl.flock(turnstile, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+# -- databases ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def private_pg() -> Iterator[pg_cluster.PrivateCluster]:
+    """This test process's private PostgreSQL cluster (started on first use, destroyed at the end)."""
+    try:
+        cluster = pg_cluster.started("ct_pgfeed_")
+    except RuntimeError as exc:
+        pytest.skip(str(exc))
+    try:
+        yield cluster
+    finally:
+        cluster.destroy()
+
+
+def _admin_for(request: pytest.FixtureRequest) -> str | None:
+    """The private cluster's admin URL for a ``feed`` test (None: the shared server)."""
+    if request.node.get_closest_marker("feed") is None:
+        return None
+    cluster: pg_cluster.PrivateCluster = request.getfixturevalue("private_pg")
+    return cluster.admin_url
+
+
+def _postgres(request: pytest.FixtureRequest) -> Iterator[str]:
+    admin = _admin_for(request)
+    name, url = create_pg_database("ct", admin)
+    try:
+        yield sqlalchemy_url(url)
+    finally:
+        drop_pg_database(name, admin)
+
+
+@pytest.fixture
+def pg_url(request):
+    """A SQLAlchemy URL (postgresql+psycopg://...) to a fresh, empty database; dropped afterwards."""
+    yield from _postgres(request)
+
+
+@pytest.fixture
+def sqlite_url(tmp_path):
+    return f"sqlite:///{tmp_path / 'tracker.db'}"
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db_url(request, tmp_path):
+    """Both real backends: the contract suites run once on each."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'tracker.db'}"
+    else:
+        yield from _postgres(request)
+
+
+@pytest.fixture
+def redis_url():
+    """The real Redis server; a unique key namespace is given by ``redis_prefix``."""
+    import redis
+
+    client = redis.Redis.from_url(REDIS_URL)
+    client.ping()
+    yield REDIS_URL
+
+
+@pytest.fixture
+def redis_prefix():
+    return f"cttest:{uuid.uuid4().hex[:10]}:"
+
+
+# -- the module's server: clients of its two fleets --------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def server(request) -> Iterator[Any]:
+    """``tracker serve`` for the module: ``api_server(**API_SERVER)`` with the module's ``API_SERVER``
+    settings (fleets, ``TRACKER_*`` settings...; tests/support/api.py). A module may define its own."""
+    from tests.support.api import api_server
+
+    with api_server(**getattr(request.module, "API_SERVER", {})) as s:
+        yield s
+
+
+@pytest.fixture
+def a(server):
+    """An HTTP client of the module's ``server`` with fleet A's key."""
+    with server.client(server.token_a) as c:
+        yield c
+
+
+@pytest.fixture
+def b(server):
+    """An HTTP client of the module's ``server`` with fleet B's key."""
+    with server.client(server.token_b) as c:
+        yield c
+
+
+# -- a browser ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """Debian's Chromium, headless, driven by Playwright (one per module)."""
+    from tests.support.browser import launch
+
+    with launch() as b:
+        yield b
+
+
+@pytest.fixture
+def page(browser):
+    """A fresh page (its own context: no cookies) 1280x1000, 20 s default timeout."""
+    from tests.support.browser import new_page
+
+    pg = new_page(browser)
+    try:
+        yield pg
+    finally:
+        pg.context.close()
