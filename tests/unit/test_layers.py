@@ -17,6 +17,7 @@ Besides the layers, the module graph must have no cycle at all.
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -93,10 +94,17 @@ def imports_of(path: Path, module: str, known: set[str]) -> set[str]:
     return out
 
 
-def graph() -> dict[str, set[str]]:
+@functools.cache
+def _parsed_graph() -> dict[str, frozenset[str]]:
     mods = modules()
     known = set(mods)
-    return {m: imports_of(p, m, known) for m, p in mods.items()}
+    return {m: frozenset(imports_of(p, m, known)) for m, p in mods.items()}
+
+
+def graph() -> dict[str, set[str]]:
+    """The import graph of ``tracker`` and ``workers`` (parsed once per process; each call a fresh copy a
+    test may add edges to)."""
+    return {m: set(targets) for m, targets in _parsed_graph().items()}
 
 
 def violations(edges: dict[str, set[str]]) -> list[str]:
