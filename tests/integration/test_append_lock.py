@@ -200,7 +200,7 @@ def test_a_timed_out_append_through_pgbouncer_leaves_no_lock_on_the_pooled_conne
         with psycopg.connect(pooled, prepare_threshold=None) as client:
             client.execute("SET LOCAL statement_timeout = '500ms'")
             with pytest.raises(pg_errors.QueryCanceled):
-                _call(client, "s")
+                _call(client, "s", head=revision == "head")
             client.rollback()
         blocker.rollback()
         held = observer.execute(

@@ -10,7 +10,9 @@ Python's (checked here on awkward data).
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,7 +21,7 @@ from sqlalchemy import create_engine, text
 from tests.support.toy_store import ToyProjector, ev
 from tracker.errors import InvalidInput
 from tracker.settings import normalize_database_url
-from tracker.store import MemoryEventStore, NewEvent, open_store, upgrade
+from tracker.store import MemoryEventStore, NewEvent, migrate, open_store, upgrade
 from tracker.store import chain
 from tracker.store.verify import verify_chains
 
@@ -217,3 +219,84 @@ def test_postgres_refuses_a_canonical_text_that_is_not_this_appends(pg_url):
         assert conn.execute(call, ("s", 0, '["s",1,"T",{"b":1,"a":2}]')).fetchone() == ("ok",)
         (stored,) = conn.execute("SELECT hash FROM events").fetchone()
     assert bytes(stored) == chain.link(chain.GENESIS, b'["s",1,"T",{"b":1,"a":2}]')
+
+
+# -- migration 0010: a database from before it gets a valid chain ----------------------------------------
+
+BEFORE_CHAIN = "0009_provider_reports"
+OLD_ROWS = [("a", AWKWARD), ("b", [ev("Tick", n=1), ev("Tick", n=2)]), ("f000000001:c", [ev("Tick", n=7)])]
+
+
+def _old_rows(url: str) -> None:
+    """Events and projection rows as the 0009 schema held them (written with raw SQL: today's store
+    refuses that schema)."""
+    pg = url.startswith("postgresql")
+    data = "CAST(:d AS jsonb)" if pg else ":d"
+    for sid, events in OLD_ROWS:
+        for i, e in enumerate(events):
+            _sql(
+                url,
+                "INSERT INTO events (session_id, version, type, data, recorded_at, batch_size, fleet) "
+                f"VALUES (:s, :v, :t, {data}, :at, 1, :f)",
+                s=sid,
+                v=i + 1,
+                t=e.type,
+                d=json.dumps(e.data),
+                at="2026-01-01 00:00:00",
+                f=sid.split(":")[0] if ":" in sid else "",
+            )
+        _sql(
+            url,
+            "INSERT INTO sessions (session_id, version, state, open_attempts, created_at, updated_at) "
+            "VALUES (:s, :v, NULL, 0, :at, :at)",
+            s=sid,
+            v=len(events),
+            at="2026-01-01 00:00:00",
+        )
+
+
+def test_a_database_from_before_the_chain_gets_a_valid_one(db_url):
+    migrate.upgrade(db_url, BEFORE_CHAIN)
+    _old_rows(db_url)
+    migrate.upgrade(db_url)
+    store = open_store(db_url, projector=ToyProjector())
+    try:
+        for sid, events in OLD_ROWS:
+            assert [h for *_, h in store.chain_links(sid)] == _expected_chain(sid, events)
+        assert verify_chains(store) == {"chains": 3, "events": 7, "broken": []}
+        store.append("a", 4, [ev("Tick", n=5)])  # the chain goes on from the backfilled head
+        assert verify_chains(store)["broken"] == []
+    finally:
+        store.close()
+    # every step back and forth keeps it valid (the downgrade drops the column, the upgrade rebuilds it)
+    migrate.downgrade(db_url, BEFORE_CHAIN)
+    migrate.upgrade(db_url)
+    store = open_store(db_url)
+    try:
+        assert verify_chains(store) == {"chains": 3, "events": 8, "broken": []}
+    finally:
+        store.close()
+
+
+def test_the_backfill_carries_a_chain_across_its_batches(db_url):
+    """Batches of 2 split sessions anywhere: each chain still comes out whole."""
+    path = Path(migrate.ALEMBIC_DIR) / "versions" / "0010_hash_chain.py"
+    spec = importlib.util.spec_from_file_location("_ct_0010", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    migrate.upgrade(db_url, BEFORE_CHAIN)
+    _old_rows(db_url)
+    migrate.upgrade(db_url)
+    _sql(db_url, "UPDATE events SET hash = NULL")
+    engine = create_engine(normalize_database_url(db_url))
+    try:
+        with engine.begin() as conn:
+            assert module.backfill(conn, batch=2) == 7
+    finally:
+        engine.dispose()
+    store = open_store(db_url)
+    try:
+        assert verify_chains(store) == {"chains": 3, "events": 7, "broken": []}
+    finally:
+        store.close()
