@@ -143,7 +143,14 @@ def audit_flow(cli: Cli, *, workers: int, sessions: int, distributed: bool) -> d
 
     # verify: every projection equals the fold of its log
     v = cli.json("verify", "--json")
-    assert v == {"ok": True, "sessions": len(listed), "differences": [], "chains": len(listed), "events": v["events"], "broken": []}
+    assert v == {
+        "ok": True,
+        "sessions": len(listed),
+        "differences": [],
+        "chains": len(listed),
+        "events": v["events"],
+        "broken": [],
+    }
     assert v["events"] >= len(listed)
     assert "every projection equals the fold" in cli.run("verify").stdout
     return {"sid": sid, "final": final, "events": len(hist)}

@@ -45,7 +45,9 @@ def _data(url: str, version: int) -> dict[str, Any]:
 
 def _put_data(url: str, version: int, data: dict[str, Any]) -> None:
     value = "CAST(:d AS jsonb)" if url.startswith("postgresql") else ":d"
-    _sql(url, f"UPDATE events SET data = {value} WHERE session_id = 's1' AND version = :v", d=json.dumps(data), v=version)
+    _sql(
+        url, f"UPDATE events SET data = {value} WHERE session_id = 's1' AND version = :v", d=json.dumps(data), v=version
+    )
 
 
 def _swap(url: str, a: int, b: int) -> None:

@@ -13,8 +13,8 @@ locked section: another transaction holds a lock on the positions' sequence
 from __future__ import annotations
 
 import threading
-from typing import Any
 import time
+from typing import Any
 
 import psycopg
 import pytest
@@ -32,13 +32,17 @@ PREVIOUS = "0007_fleet_policies"  # the last revision with 0003's ct_append
 # one Tick at version 1 of the session named by the first parameter (the third: its canonical text)
 _CALL_HEAD = "SELECT out_status, out_version FROM ct_append(%s, %s, %s, NULL, '{}', 'normal', 1, 0, 0)"
 # the same call to the function of migrations 0003-0008 (events as JSON arrays of types and data)
-_CALL_0008 = "SELECT out_status, out_version FROM ct_append(%s, %s, '[\"Tick\"]', '[{}]', NULL, '{}', 'normal', 1, 0, 0)"
+_CALL_0008 = (
+    "SELECT out_status, out_version FROM ct_append(%s, %s, '[\"Tick\"]', '[{}]', NULL, '{}', 'normal', 1, 0, 0)"
+)
 
 
 def _call(conn: psycopg.Connection, sid: str, *, head: bool = True) -> Any:
     if head:
         return conn.execute(_CALL_HEAD, (sid, 0, f'["{sid}",1,"Tick",{{}}]'))
     return conn.execute(_CALL_0008, (sid, 0))
+
+
 _MY_ADVISORY_LOCKS = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()"
 
 

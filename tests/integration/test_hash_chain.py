@@ -21,13 +21,12 @@ from sqlalchemy import create_engine, text
 from tests.support.toy_store import ToyProjector, ev
 from tracker.errors import InvalidInput
 from tracker.settings import normalize_database_url
-from tracker.store import MemoryEventStore, NewEvent, migrate, open_store, upgrade
-from tracker.store import chain
+from tracker.store import MemoryEventStore, NewEvent, chain, migrate, open_store, upgrade
 from tracker.store.verify import verify_chains
 
 # data whose canonical bytes are easy to get wrong: key order, unicode, escapes, floats JSONB rewrites
 AWKWARD = [
-    ev("Started", z=1, a="ünï \"q\" \\ \n \t \u2028 😀", nested={"b": [1.5, None, True], "a": {}}),
+    ev("Started", z=1, a='ünï "q" \\ \n \t \u2028 😀', nested={"b": [1.5, None, True], "a": {}}),
     ev("Tick", big=2**70, f=1e20, g=-0.0, h=1e-7, i=0.1, j=-1.25e16, s="e+ -0.0"),
     ev("Tick", n=3),
     ev("Tick", n=4),
@@ -96,7 +95,13 @@ def edit(store: Any, url: str | None, sid: str, version: int) -> None:
         _mem_replace(store, sid, version, data_json='{"n":99}')
     else:
         cast = "CAST(:d AS jsonb)" if url.startswith("postgresql") else ":d"
-        _sql(url, f"UPDATE events SET data = {cast} WHERE session_id = :s AND version = :v", d='{"n": 99}', s=sid, v=version)
+        _sql(
+            url,
+            f"UPDATE events SET data = {cast} WHERE session_id = :s AND version = :v",
+            d='{"n": 99}',
+            s=sid,
+            v=version,
+        )
 
 
 def delete(store: Any, url: str | None, sid: str, version: int) -> None:
@@ -112,8 +117,18 @@ def swap(store: Any, url: str | None, sid: str, a: int, b: int) -> None:
     if url is None:
         stream = store._streams[sid]
         ea, eb = stream[a - 1], stream[b - 1]
-        _mem_replace(store, sid, a, **{f.name: getattr(eb, f.name) for f in dataclasses.fields(eb) if f.name not in ("version", "position")})
-        _mem_replace(store, sid, b, **{f.name: getattr(ea, f.name) for f in dataclasses.fields(ea) if f.name not in ("version", "position")})
+        _mem_replace(
+            store,
+            sid,
+            a,
+            **{f.name: getattr(eb, f.name) for f in dataclasses.fields(eb) if f.name not in ("version", "position")},
+        )
+        _mem_replace(
+            store,
+            sid,
+            b,
+            **{f.name: getattr(ea, f.name) for f in dataclasses.fields(ea) if f.name not in ("version", "position")},
+        )
     else:
         for frm, to in ((a, 1_000_000), (b, a), (1_000_000, b)):
             _sql(url, "UPDATE events SET version = :to WHERE session_id = :s AND version = :frm", to=to, s=sid, frm=frm)

@@ -16,9 +16,9 @@ from datetime import datetime
 from typing import Any, Self
 
 from tracker.errors import InvalidInput
-from tracker.store.chain import canonical_data, canonical_event
 from tracker.store import validate
 from tracker.store.base import AppendResult, NewEvent, Projector, StoredEvent, fold_events, row_columns
+from tracker.store.chain import canonical_data, canonical_event
 
 __all__ = ["FOLD_BATCH", "CheckedAppend", "LogStore"]
 

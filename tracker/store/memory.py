@@ -24,8 +24,8 @@ from typing import Any
 
 from tracker.errors import InvalidInput
 from tracker.store import validate
-from tracker.store.chain import GENESIS, chain
 from tracker.store.base import DEFAULT_MAX_EVENT_BYTES, AppendResult, Projector, StoredEvent, conflict_error
+from tracker.store.chain import GENESIS, chain
 from tracker.store.common import CheckedAppend, LogStore
 
 __all__ = ["MemoryEventStore"]

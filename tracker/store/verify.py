@@ -150,7 +150,9 @@ def _diagnose(sid: str, version: int, prev: bytes, here: Link, rest: Iterator[Li
     for other in rest:
         v, t, d, h = other
         if h is not None and h == link(prev, canonical(sid, version, t, d)):
-            return _broken(sid, version, "reordered", f"the event chained at version {version} is stored at version {v}")
+            return _broken(
+                sid, version, "reordered", f"the event chained at version {version} is stored at version {v}"
+            )
     return _broken(sid, version, "edited", "its content or hash is not what was chained")
 
 
