@@ -33,8 +33,8 @@ GENESIS = bytes(32)
 HASH_BYTES = 32
 
 
-def _dumps(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), sort_keys=True, ensure_ascii=False, allow_nan=False)
+#: compact, sorted keys, no ASCII escaping, no NaN (one encoder: ``json.dumps`` with options builds one per call)
+_dumps = json.JSONEncoder(separators=(",", ":"), sort_keys=True, ensure_ascii=False, allow_nan=False).encode
 
 
 def _normal(value: Any) -> Any:

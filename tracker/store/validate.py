@@ -56,7 +56,10 @@ def dumps(value: Any) -> str:
 def dumps_data(value: Any) -> str:
     """An event's data as the store sends it: ``dumps`` with sorted keys (the canonical text of
     ``tracker.store.chain`` for almost every event, so the chain needs no second encoding)."""
-    return json.dumps(value, separators=(",", ":"), sort_keys=True, ensure_ascii=False, allow_nan=False)
+    return _DATA_ENCODER.encode(value)
+
+
+_DATA_ENCODER = json.JSONEncoder(separators=(",", ":"), sort_keys=True, ensure_ascii=False, allow_nan=False)
 
 
 def check_key(idempotency_key: Any) -> str | None:
