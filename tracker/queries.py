@@ -33,7 +33,7 @@ import binascii
 import json
 from collections.abc import Iterator
 from datetime import datetime
-from typing import Any, TypedDict, Unpack
+from typing import Any, TypedDict, Unpack, cast
 
 from tracker.core import PRESSURES, SessionProjector, SessionState
 from tracker.core.model import SessionScope
@@ -41,6 +41,7 @@ from tracker.errors import InvalidInput, UnknownSession
 from tracker.store import StoredEvent, verify_decisions, verify_projections
 from tracker.store.base import EventStore, SessionViews
 from tracker.store.decoding import Recorded, Unrecognised, decode, decode_all, event_of, events_of, type_names
+from tracker.store.verify import ChainLog, verify_chains
 
 UNSCOPED = SessionScope()  # every session, under its stored id (the library, a local operator)
 
@@ -328,11 +329,14 @@ def verify(store: EventStore) -> dict[str, Any]:
 
     ``{"ok": bool, "sessions": n, "differences": [...]}``; ``ok`` is true when every projection
     equals the fold of its log and every recorded decision agrees with its own record (the count
-    decided on = its raw count under the calibration it records; its limit <= the measurement's).
+    decided on = its raw count under the calibration it records; its limit <= the measurement's),
+    and every session's hash chain is intact: ``chains``, ``events`` (checked) and ``broken`` (the
+    first broken event of each broken chain: ``tracker.store.verify.verify_chains``).
     """
     diffs = verify_projections(store, SessionProjector()) + verify_decisions(store)
     n = sum(1 for _ in store.log_versions())
-    return {"ok": not diffs, "sessions": n, "differences": diffs}
+    chains = verify_chains(cast(ChainLog, store))
+    return {"ok": not diffs and not chains["broken"], "sessions": n, "differences": diffs, **chains}
 
 
 NO_FLEET = "none"  # the fleet label of sessions outside any fleet (the Python API on the same database)

@@ -143,7 +143,15 @@ def audit_flow(cli: Cli, *, workers: int, sessions: int, distributed: bool) -> d
 
     # verify: every projection equals the fold of its log
     v = cli.json("verify", "--json")
-    assert v == {"ok": True, "sessions": len(listed), "differences": []}
+    assert v == {
+        "ok": True,
+        "sessions": len(listed),
+        "differences": [],
+        "chains": len(listed),
+        "events": v["events"],
+        "broken": [],
+    }
+    assert v["events"] >= len(listed)
     assert "every projection equals the fold" in cli.run("verify").stdout
     return {"sid": sid, "final": final, "events": len(hist)}
 
@@ -201,7 +209,14 @@ def test_db_upgrade_creates_the_embedded_default_in_a_fresh_directory(tmp_path):
     cli.run("observe", "s1", "--basis", "m1", "--input-tokens", 10, "--input-limit", 100)
     elsewhere = Cli(other, env)
     assert [s["session_id"] for s in elsewhere.json("sessions", "--json")] == ["s1"]
-    assert elsewhere.json("verify", "--json") == {"ok": True, "sessions": 1, "differences": []}
+    assert elsewhere.json("verify", "--json") == {
+        "ok": True,
+        "sessions": 1,
+        "differences": [],
+        "chains": 1,
+        "events": 2,
+        "broken": [],
+    }
 
 
 # -- distributed: Postgres + Redis + a real Celery worker ------------------------------------------

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 import psycopg
 import pytest
@@ -28,7 +29,20 @@ pytestmark = pytest.mark.postgres
 
 PREVIOUS = "0007_fleet_policies"  # the last revision with 0003's ct_append
 
-_CALL = "SELECT out_status, out_version FROM ct_append(%s, %s, '[\"Tick\"]', '[{}]', NULL, '{}', 'normal', 1, 0, 0)"
+# one Tick at version 1 of the session named by the first parameter (the third: its canonical text)
+_CALL_HEAD = "SELECT out_status, out_version FROM ct_append(%s, %s, %s, NULL, '{}', 'normal', 1, 0, 0)"
+# the same call to the function of migrations 0003-0008 (events as JSON arrays of types and data)
+_CALL_0008 = (
+    "SELECT out_status, out_version FROM ct_append(%s, %s, '[\"Tick\"]', '[{}]', NULL, '{}', 'normal', 1, 0, 0)"
+)
+
+
+def _call(conn: psycopg.Connection, sid: str, *, head: bool = True) -> Any:
+    if head:
+        return conn.execute(_CALL_HEAD, (sid, 0, f'["{sid}",1,"Tick",{{}}]'))
+    return conn.execute(_CALL_0008, (sid, 0))
+
+
 _MY_ADVISORY_LOCKS = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()"
 
 
@@ -49,7 +63,7 @@ def _wait_until_blocked(observer: psycopg.Connection, pid: int, wait_event: str)
     raise AssertionError(f"backend {pid} never waited on a {wait_event} lock")
 
 
-def _cancelled_append(url: str, how: str, *, hold: str) -> tuple[psycopg.Connection, list[str]]:
+def _cancelled_append(url: str, how: str, *, hold: str, head: bool = True) -> tuple[psycopg.Connection, list[str]]:
     """Run one ``ct_append`` on a fresh autocommit connection that fails while blocked:
     ``hold="sequence"``: inside the locked section (waiting in nextval, advisory lock held);
     ``hold="advisory"``: still waiting for the advisory lock itself.
@@ -71,14 +85,14 @@ def _cancelled_append(url: str, how: str, *, hold: str) -> tuple[psycopg.Connect
         if how == "statement_timeout":
             appender.execute("SET statement_timeout = '500ms'")
             try:
-                appender.execute(_CALL, ("s", 0))
+                _call(appender, "s", head=head)
             except BaseException as exc:  # noqa: BLE001
                 errors.append(exc)
         else:
 
             def run() -> None:
                 try:
-                    appender.execute(_CALL, ("s", 0))
+                    _call(appender, "s", head=head)
                 except BaseException as exc:  # noqa: BLE001
                     errors.append(exc)
 
@@ -110,8 +124,8 @@ def test_an_append_cancelled_inside_the_lock_leaves_no_lock_on_its_connection(pg
             other.execute("SELECT pg_advisory_unlock(%s)", (APPEND_LOCK_KEY,))
             # ... and appends there, and on the cancelled append's connection, go through
             other.execute("SET lock_timeout = '5s'")
-            assert other.execute(_CALL, ("t", 0)).fetchone() == ("ok", 1)
-        assert appender.execute(_CALL, ("s", 0)).fetchone() == ("ok", 1)
+            assert _call(other, "t").fetchone() == ("ok", 1)
+        assert _call(appender, "s").fetchone() == ("ok", 1)
         assert appender.execute(_MY_ADVISORY_LOCKS).fetchone() == (0,)
         assert notices == []
     finally:
@@ -127,7 +141,7 @@ def test_an_append_cancelled_while_waiting_for_the_lock_raises_the_cancel_alone(
     try:
         assert appender.execute(_MY_ADVISORY_LOCKS).fetchone() == (0,)
         assert notices == []
-        assert appender.execute(_CALL, ("s", 0)).fetchone() == ("ok", 1)
+        assert _call(appender, "s").fetchone() == ("ok", 1)
     finally:
         appender.close()
 
@@ -137,7 +151,7 @@ def test_the_previous_ct_append_left_the_lock_behind(pg_url):
     the cancelled append's connection still holds the append lock."""
     assert migrate.head_revision() != PREVIOUS
     upgrade(pg_url, PREVIOUS)
-    appender, _ = _cancelled_append(pg_url, "pg_cancel_backend", hold="sequence")
+    appender, _ = _cancelled_append(pg_url, "pg_cancel_backend", hold="sequence", head=False)
     try:
         assert appender.execute(_MY_ADVISORY_LOCKS).fetchone() == (1,)
         with psycopg.connect(_libpq(pg_url), autocommit=True) as other:
@@ -190,7 +204,7 @@ def test_a_timed_out_append_through_pgbouncer_leaves_no_lock_on_the_pooled_conne
         with psycopg.connect(pooled, prepare_threshold=None) as client:
             client.execute("SET LOCAL statement_timeout = '500ms'")
             with pytest.raises(pg_errors.QueryCanceled):
-                client.execute(_CALL, ("s", 0))
+                _call(client, "s", head=revision == "head")
             client.rollback()
         blocker.rollback()
         held = observer.execute(
@@ -201,6 +215,6 @@ def test_a_timed_out_append_through_pgbouncer_leaves_no_lock_on_the_pooled_conne
         assert held == (left,)
         if left == 0:
             observer.execute("SET lock_timeout = '5s'")
-            assert observer.execute(_CALL, ("t", 0)).fetchone() == ("ok", 1)
+            assert _call(observer, "t").fetchone() == ("ok", 1)
             with psycopg.connect(pooled, prepare_threshold=None, autocommit=True) as client:
-                assert client.execute(_CALL, ("s", 0)).fetchone() == ("ok", 1)
+                assert _call(client, "s").fetchone() == ("ok", 1)

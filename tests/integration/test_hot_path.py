@@ -51,7 +51,7 @@ def test_a_stale_append_returns_the_current_state_without_an_error(pg_url):
         assert info.value.current_state["events"] == 2
         with psycopg.connect(_libpq(pg_url)) as conn:  # one explicit transaction
             row = conn.execute(
-                "SELECT out_status, out_version, out_state FROM ct_append('s', 1, '[\"Tick\"]', '[{}]', NULL, "
+                "SELECT out_status, out_version, out_state FROM ct_append('s', 1, '[\"s\",2,\"Tick\",{}]', NULL, "
                 "'{}', 'normal', 1, 0, 0)"
             ).fetchone()
             assert row[0] == "conflict" and row[1] == 2 and json.loads(row[2])["events"] == 2

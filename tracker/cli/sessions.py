@@ -75,19 +75,26 @@ def _scope(fleets: FleetStore, fleet: str | None, as_json: bool) -> SessionScope
 
 @app.command()
 def verify(as_json: bool = typer.Option(False, "--json")) -> None:
-    """Re-fold every session from the log and compare with the stored projection. Exit 1 on any difference."""
+    """Re-fold every session from the log and compare with the stored projection, and check every
+    session's hash chain (the tamper-evident log). Exit 1 on any difference or broken chain."""
     from tracker import queries
 
     with store_open(as_json) as store:
         report = queries.verify(store)
     if as_json:
         print(json.dumps(report, default=str))
-    elif report["differences"]:
+    elif not report["ok"]:
+        for b in report["broken"]:
+            err_console.print(
+                f"[red]broken chain[/] session {plain(b['session_id'])} version {b['version']}: "
+                f"{b['what']} ({plain(b['detail'])})"
+            )
         for d in report["differences"]:
             err_console.print(f"[red]differs[/] {plain(d)}")
     else:
         console.print(
-            f"[green]ok[/]: {plural(report['sessions'], 'session')}, every projection equals the fold of its log"
+            f"[green]ok[/]: {plural(report['sessions'], 'session')}, every projection equals the fold of its log; "
+            f"{plural(report['chains'], 'hash chain')} of {plural(report['events'], 'event')} intact"
         )
     if not report["ok"]:
         raise typer.Exit(1)

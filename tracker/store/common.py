@@ -8,6 +8,7 @@ store writes a checked append (``CheckedAppend``) its own way (``_append``).
 
 from __future__ import annotations
 
+import json
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -17,11 +18,17 @@ from typing import Any, Self
 from tracker.errors import InvalidInput
 from tracker.store import validate
 from tracker.store.base import AppendResult, NewEvent, Projector, StoredEvent, fold_events, row_columns
+from tracker.store.chain import canonical_data, canonical_event
 
 __all__ = ["FOLD_BATCH", "CheckedAppend", "LogStore"]
 
 #: events folded per ``fold_events`` call while a stream is folded
 FOLD_BATCH = 2000
+
+
+def _odd(text: str) -> bool:
+    """Whether a data text may hold a float the canonical text writes differently (``chain.canonical_data``)."""
+    return "e+" in text or "-0.0" in text
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +43,19 @@ class CheckedAppend:
     datas: list[dict[str, Any]]
     key: str | None
     projected: dict[str, Any] | None
+
+    def canonical_texts(self) -> list[str]:
+        """Each event's canonical text (``tracker.store.chain``), at the versions this append writes."""
+        sid, first = self.session_id, self.expected + 1
+        if self.datas:
+            return [
+                canonical_event(sid, first + i, t, canonical_data(self.datas[i], self.texts[i]))
+                for i, t in enumerate(self.types)
+            ]
+        return [
+            canonical_event(sid, first + i, t, canonical_data(json.loads(text), text) if _odd(text) else text)
+            for i, (t, text) in enumerate(zip(self.types, self.texts, strict=True))
+        ]
 
     def stored(self, positions: Sequence[int], recorded_at: datetime) -> list[StoredEvent]:
         """The events as a projector sees them once written at ``positions`` (the key on the first)."""

@@ -25,6 +25,7 @@ from typing import Any
 from tracker.errors import InvalidInput
 from tracker.store import validate
 from tracker.store.base import DEFAULT_MAX_EVENT_BYTES, AppendResult, Projector, StoredEvent, conflict_error
+from tracker.store.chain import GENESIS, chain
 from tracker.store.common import CheckedAppend, LogStore
 
 __all__ = ["MemoryEventStore"]
@@ -42,6 +43,7 @@ class _Event:
     recorded_at: datetime
     idempotency_key: str | None
     batch_size: int | None
+    hash: bytes | None = None  # tracker.store.chain
 
     def stored(self) -> StoredEvent:
         return StoredEvent(
@@ -106,6 +108,7 @@ class MemoryEventStore(LogStore):
                 raise conflict_error(sid, expected, actual, current)
             recorded_at = datetime.now(UTC)
             first_position = (self._log[-1].position if self._log else 0) + 1
+            hashes = chain(stream[-1].hash if stream else GENESIS, append.canonical_texts())
             new = [
                 _Event(
                     first_position + i,
@@ -116,6 +119,7 @@ class MemoryEventStore(LogStore):
                     recorded_at,
                     key if i == 0 else None,
                     len(types) if i == 0 else None,
+                    hashes[i],
                 )
                 for i in range(len(types))
             ]
@@ -232,6 +236,13 @@ class MemoryEventStore(LogStore):
             orphans = sorted(sid for sid in self._rows if sid not in self._streams)
         yield from logged
         yield from ((sid, 0) for sid in orphans)
+
+    def chain_links(self, session_id: str) -> Iterator[tuple[int, str, dict[str, Any], bytes | None]]:
+        """(version, type, data, hash) of each of the session's events, in version order."""
+        validate.check_session_id(session_id)
+        with self._lock:
+            stream = list(self._streams.get(session_id, ()))
+        return ((e.version, e.type, json.loads(e.data_json), e.hash) for e in stream)
 
     def projection_row(self, session_id: str) -> dict[str, Any] | None:
         """The session's projection row (the columns of the ``sessions`` table), or None."""

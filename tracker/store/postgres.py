@@ -9,7 +9,7 @@ projection cache, folding -- and hands this class the events and the projection 
 
 An append is one round trip: one prepared (server-side bound) statement in autocommit,
 ``SELECT … FROM ct_append(…)`` (migration 0003; since 0008 it releases its lock on every
-exit), which does the projection row's compare-and-set, draws the positions under the append
+exit; since 0010 it takes the events' canonical texts and chains their hashes, ``tracker.store.chain``), which does the projection row's compare-and-set, draws the positions under the append
 lock and inserts the events. The
 projection state is folded by the store *before* the call (projectors read only an event's
 type, data and version). When the session is not at the expected version the function
@@ -67,7 +67,7 @@ MAX_VERSION = 2**31 - 1
 
 _APPEND = (
     "SELECT out_status, out_version, out_state, out_positions, out_recorded_at FROM ct_append("
-    "%s::text, %s::integer, %s::text, %s::text, %s::text, %s::text, %s::text, %s::integer, %s::integer, %s::integer)"
+    "%s::text, %s::integer, %s::text, %s::text, %s::text, %s::text, %s::integer, %s::integer, %s::integer)"
 )
 # Hot reads (server-side bound, prepared by psycopg after a few uses).
 _EVENT_COLS = "position, session_id, version, type, data, recorded_at, idempotency_key"
@@ -354,14 +354,14 @@ class PgFastPath:
         self,
         session_id: str,
         expected: int,
-        types_json: str,
-        data_json: str,
+        events_text: str,
         key: str | None,
         put: tuple[Any, ...],
         *,
         before_commit: Callable[[str, tuple[int, ...]], None] | None = None,
     ) -> Appended | Stale | Replayed:
-        """One ``ct_append`` call: the events (``types_json``/``data_json``: JSON arrays) and the
+        """One ``ct_append`` call: the events (``events_text``: their canonical texts,
+        ``tracker.store.chain``, one a line; the server stores and chains them) and the
         projection row ``put`` = ``(state_json, pressure, revision, occupancy_bp, open_attempts)``
         (all None without a projector).
 
@@ -370,18 +370,17 @@ class PgFastPath:
         before. Driver errors propagate; the store maps them.
         """
         try:
-            return self._append_once(session_id, expected, types_json, data_json, key, put, before_commit)
+            return self._append_once(session_id, expected, events_text, key, put, before_commit)
         except _RetryableDisconnect:
             # Either nothing was sent (a dead stashed connection), or the call carries an
             # idempotency key, so that running it again returns the first run's outcome.
-            return self._append_once(session_id, expected, types_json, data_json, key, put, before_commit, retry=False)
+            return self._append_once(session_id, expected, events_text, key, put, before_commit, retry=False)
 
     def _append_once(
         self,
         sid: str,
         expected: int,
-        types_json: str,
-        data_json: str,
+        events_text: str,
         key: str | None,
         put: tuple[Any, ...],
         before_commit: Callable[[str, tuple[int, ...]], None] | None,
@@ -389,7 +388,7 @@ class PgFastPath:
     ) -> Appended | Stale | Replayed:
         raw, fresh = self._take()
         sent = False
-        params = (sid, expected, types_json, data_json, key, *put)
+        params = (sid, expected, events_text, key, *put)
         try:
             cur = self._cursor(raw, client_side=False)
             if before_commit is None:

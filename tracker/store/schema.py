@@ -33,6 +33,7 @@ from sqlalchemy import (
     Identity,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Table,
@@ -116,6 +117,9 @@ events = Table(
     # the text before the first ':' of session_id ('' without one): the HTTP API's fleet
     # (its sessions are "<fleet_id>:<session_id>"); the per-fleet feed reads (fleet, position)
     Column("fleet", String(200), nullable=False, server_default=""),
+    # sha256(previous event's hash || the event's canonical bytes): tracker.store.chain (migration
+    # 0010). NULL only on a row written behind the store's back ("unchained")
+    Column("hash", LargeBinary(), nullable=True),
     UniqueConstraint("session_id", "version"),
     CheckConstraint("version >= 1", name="version_positive"),
     Index("ix_events_fleet_position", "fleet", "position"),

@@ -229,8 +229,7 @@ class SqlEventStore(LogStore):
         out = pg.append(
             sid,
             expected,
-            validate.dumps(append.types),
-            "[" + ",".join(append.texts) + "]",
+            "\n".join(append.canonical_texts()),  # compact JSON holds no raw newline
             key,
             put,
             before_commit=self.before_commit,
@@ -257,7 +256,10 @@ class SqlEventStore(LogStore):
             folded[0] = (state, state_json)
             return (state_json, *cols)
 
-        out = backend.append(sid, expected, append.types, append.datas, key, project, before_commit=self.before_commit)
+        canonical = append.canonical_texts()
+        out = backend.append(
+            sid, expected, append.types, append.datas, key, project, canonical, before_commit=self.before_commit
+        )
         return self._settle(sid, expected, out, folded[0])
 
     def _settle(
@@ -413,6 +415,26 @@ class SqlEventStore(LogStore):
             if len(rows) < READ_BATCH:
                 return
             after = rows[-1][0]
+
+    def chain_links(self, session_id: str) -> Iterator[tuple[int, str, dict[str, Any], bytes | None]]:
+        """(version, type, data, hash) of each of the session's events, in version order, fetched in
+        batches (``tracker.store.verify.verify_chains``: not on the ``EventStore`` port)."""
+        validate.check_session_id(session_id)
+        e = events_t.c
+        after = 0
+        while True:
+            stmt = (
+                select(e.version, e.type, e.data, e.hash)
+                .where(e.session_id == session_id, e.version > after)
+                .order_by(e.version)
+                .limit(READ_BATCH)
+            )
+            rows = self._rows("verify", stmt)
+            for r in rows:
+                yield int(r[0]), r[1], r[2], None if r[3] is None else bytes(r[3])
+            if len(rows) < READ_BATCH:
+                return
+            after = int(rows[-1][0])
 
     def projection_row(self, session_id: str) -> dict[str, Any] | None:
         """The session's whole projection row (every column of ``sessions``), or None."""

@@ -35,6 +35,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from tracker.core.model import SessionScope
 from tracker.store.base import StoredEvent
+from tracker.store.chain import GENESIS, chain
 from tracker.store.errors import run_core
 from tracker.store.postgres import Appended, Replayed, Stale
 from tracker.store.schema import EVENT_COLUMNS, stored_event
@@ -122,11 +123,13 @@ class SqliteBackend:
         datas: Sequence[dict[str, Any]],
         key: str | None,
         project: Project,
+        canonical: Sequence[str],
         *,
         before_commit: Callable[[str, tuple[int, ...]], None] | None = None,
     ) -> Appended | Stale | Replayed:
-        """One write transaction: the events (``datas``: already validated and parsed) and the
-        projection row that ``project`` folds under the write lock.
+        """One write transaction: the events (``datas``: already validated and parsed; ``canonical``:
+        their canonical texts, ``tracker.store.chain``, hashed onto the session's chain under the
+        write lock) and the projection row that ``project`` folds under the write lock.
 
         Returns ``Appended``; ``Stale`` (nothing written) when the session is not at ``expected``,
         with its current version and state (the state only when the row is in step with the log);
@@ -150,6 +153,13 @@ class SqliteBackend:
                     )
                     if actual != expected or (row[0] if row else 0) != expected:
                         return Stale(actual, row[1] if row is not None and row[0] == actual else None)
+                    prev: bytes | None = GENESIS
+                    if expected:
+                        found = conn.execute(
+                            select(e.hash).where(e.session_id == sid, e.version == expected)
+                        ).scalar_one_or_none()
+                        prev = None if found is None else bytes(found)
+                    hashes = chain(prev, list(canonical))
                     recorded_at = datetime.now(UTC)
                     fleet = SessionScope.fleet_of(sid)
                     params = [
@@ -162,6 +172,7 @@ class SqliteBackend:
                             "idempotency_key": key if i == 0 else None,
                             "batch_size": len(types) if i == 0 else None,
                             "fleet": fleet,
+                            "hash": hashes[i],
                         }
                         for i in range(len(types))
                     ]

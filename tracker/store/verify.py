@@ -1,21 +1,26 @@
-"""``verify_projections``: does every stored projection equal the fold of its log? (``tracker verify``)
+"""``tracker verify``: does every stored projection equal the fold of its log (``verify_projections``),
+does every decision agree with its own record (``verify_decisions``), is every hash chain intact
+(``verify_chains``)?
 
-It reads through the ``EventStore`` port only (``log_versions``, ``projection_row``,
-``fold_stream``), so any event store can be verified (SQL or in memory).
+The first two read through the ``EventStore`` port only (``log_versions``, ``projection_row``,
+``fold_stream``, ``read_all``); the chains also through ``chain_links`` (both stores have it; it
+is not on the port), so any event store can be verified (SQL or in memory).
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, Protocol
 
 from tracker.core.calibration import apply
 from tracker.core.events import ContextMeasured
 from tracker.errors import TrackerError
 from tracker.store.base import PROJECTION_COLUMNS, EventStore, Projector
+from tracker.store.chain import GENESIS, canonical, link
 from tracker.store.decoding import event_of
 
-__all__ = ["verify_decisions", "verify_projections"]
+__all__ = ["ChainLog", "verify_chains", "verify_decisions", "verify_projections"]
 
 BATCH = 1000
 
@@ -117,3 +122,77 @@ def verify_decisions(store: EventStore) -> list[dict[str, Any]]:
             position = batch[-1].position
         if len(batch) < BATCH:
             return diffs
+
+
+# -- the hash chains (tracker.store.chain) ---------------------------------------------------------
+
+#: a chain link as a store reads it: (version, type, data, hash)
+Link = tuple[int, str, dict[str, Any], bytes | None]
+
+
+class ChainLog(Protocol):
+    """What ``verify_chains`` reads: every stream, its links in version order, its projection row."""
+
+    def log_versions(self) -> Iterator[tuple[str, int]]: ...
+
+    def chain_links(self, session_id: str) -> Iterator[Link]: ...
+
+    def projection_row(self, session_id: str) -> dict[str, Any] | None: ...
+
+
+def _broken(sid: str, version: int, what: str, detail: str) -> dict[str, Any]:
+    return {"session_id": sid, "version": version, "what": what, "detail": detail}
+
+
+def _diagnose(sid: str, version: int, prev: bytes, here: Link, rest: Iterator[Link]) -> dict[str, Any]:
+    """The link at ``version`` does not follow ``prev``: reordered (another event of the stream is
+    the one whose hash follows ``prev`` at this version) or edited (none is)."""
+    for other in rest:
+        v, t, d, h = other
+        if h is not None and h == link(prev, canonical(sid, version, t, d)):
+            return _broken(
+                sid, version, "reordered", f"the event chained at version {version} is stored at version {v}"
+            )
+    return _broken(sid, version, "edited", "its content or hash is not what was chained")
+
+
+def check_chain(sid: str, links: Iterator[Link]) -> tuple[dict[str, Any] | None, int, int]:
+    """(the first broken link of one session's chain or None, how many events, last version)."""
+    prev = GENESIS
+    expected = 1
+    n = 0
+    for here in links:
+        n += 1
+        version, type_, data, stored = here
+        if version != expected:
+            missing = f"version {expected}" if version == expected + 1 else f"versions {expected}-{version - 1}"
+            return _broken(sid, expected, "deleted (gap)", f"{missing} missing before {version}"), n, version
+        if stored is None:
+            return _broken(sid, version, "unchained", "the event has no hash"), n, version
+        if stored != link(prev, canonical(sid, version, type_, data)):
+            return _diagnose(sid, version, prev, here, links), n, version
+        prev, expected = stored, expected + 1
+    return None, n, expected - 1
+
+
+def verify_chains(store: ChainLog) -> dict[str, Any]:
+    """Recompute every session's hash chain. ``{"chains", "events", "broken"}``: ``broken`` holds
+    the first broken event of each broken chain, ``{"session_id", "version", "what", "detail"}``,
+    ``what`` one of ``edited``, ``deleted (gap)`` (also: the projection is ahead of the log's last
+    event), ``reordered``, ``unchained``; sessions in id order."""
+    chains = events = 0
+    broken: list[dict[str, Any]] = []
+    for sid, _ in store.log_versions():
+        if not _:
+            continue
+        chains += 1
+        finding, n, last = check_chain(sid, iter(store.chain_links(sid)))
+        events += n
+        if finding is None:
+            row = store.projection_row(sid)
+            if row is not None and row["version"] > last:
+                detail = f"the log ends at version {last}, its projection is at {row['version']}"
+                finding = _broken(sid, last + 1, "deleted (gap)", detail)
+        if finding is not None:
+            broken.append(finding)
+    return {"chains": chains, "events": events, "broken": broken}
