@@ -86,6 +86,8 @@ class SessionState:
 
     @property
     def open_automatic(self) -> Attempt | None:
+        if not self.open_attempts:
+            return None
         return next((a for a in self.open_attempts if a.automatic), None)
 
     @property
