@@ -30,6 +30,8 @@ from tracker.errors import (
 
 def begin(state: SessionState, policy: Policy, now: float) -> tuple[SessionState, list[ev.DomainEvent], Policy]:
     """Start the session if it is new, then expire overdue attempts. Returns the state after those."""
+    if state.policy is not None and not state.open_attempts:  # started, nothing to expire: the common case
+        return state, [], state.policy
     events: list[ev.DomainEvent] = []
     if not state.started:
         events.append(ev.SessionStarted(policy=policy, at=now))

@@ -8,7 +8,7 @@ cached state can always be checked against ``fold(events)``.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from tracker.core import events as ev
@@ -86,6 +86,8 @@ class SessionState:
 
     @property
     def open_automatic(self) -> Attempt | None:
+        if not self.open_attempts:
+            return None
         return next((a for a in self.open_attempts if a.automatic), None)
 
     @property
@@ -152,101 +154,111 @@ def episode_after(pressure: str, episode_automatic: int) -> int:
     return 0 if pressure == "normal" else episode_automatic
 
 
-def _bump(counts: dict[str, int], key: str) -> dict[str, int]:
-    new = dict(counts)
-    new[key] = new.get(key, 0) + 1
-    return new
+def _close(d: dict[str, Any], attempt_id: str, outcome: str) -> None:
+    d["open_attempts"] = tuple(a for a in d["open_attempts"] if a.attempt_id != attempt_id)
+    d["recent_outcomes"] = (d["recent_outcomes"] + ((attempt_id, outcome),))[-RECENT_ATTEMPTS_KEPT:]
 
 
-def _close(state: SessionState, attempt_id: str, outcome: str) -> SessionState:
-    recent = (state.recent_outcomes + ((attempt_id, outcome),))[-RECENT_ATTEMPTS_KEPT:]
-    return replace(
-        state,
-        open_attempts=tuple(a for a in state.open_attempts if a.attempt_id != attempt_id),
-        recent_outcomes=recent,
-    )
-
-
-def _evolve(state: SessionState, changes: dict[str, Any]) -> SessionState:
-    """``dataclasses.replace`` for ``SessionState`` without re-running ``__init__`` (the fields
-    are already valid): one dict copy. ``apply`` runs once per event in every fold."""
-    new = object.__new__(SessionState)
-    d = new.__dict__
-    d.update(state.__dict__)
-    d.update(changes)
-    return new
-
-
-def apply(state: SessionState, event: ev.DomainEvent) -> SessionState:
-    """The one transition function. Pure."""
-    base = {"version": state.version + 1, "counts": _bump(state.counts, event.TYPE)}
+def _step(d: dict[str, Any], event: ev.DomainEvent) -> None:
+    """The transition of one event, on ``d``: the fields of a state, in a dict (and a ``counts``)
+    that no state holds (:func:`apply` and :func:`fold` copy them first). Pure but for ``d``."""
+    d["version"] += 1
+    counts = d["counts"]
+    name = event.TYPE
+    counts[name] = counts.get(name, 0) + 1
     if isinstance(event, ev.ContextMeasured):
-        m = event.measurement
-        basis = str(m.basis)
-        used, limit = event.decided_tokens, event.decided_limit
-        entry = built(
-            MeasuredBasis,
-            {
-                "basis": basis,
-                "model": m.model.name,
-                "quality": m.quality,
-                "counted_tokens": m.input_tokens,
-                "input_limit": limit,
-            },
-        )
-        kept = tuple(x for x in state.measured if x.basis != basis)[-(RECENT_BASES_KEPT - 1) :]
-        base.update(
-            measured=(*kept, entry),
-            pressure=event.pressure,
-            episode_automatic=episode_after(event.pressure, state.episode_automatic),
-            last=built(
-                LastMeasurement,
+        # the typed event's own fields, read once (``decided_tokens`` / ``decided_limit`` inlined)
+        e = event.__dict__
+        m = e["measurement"]
+        b = m.basis
+        basis = f"r{b.revision}:{b.through}"  # = str(b)
+        used, limit = e["input_tokens"], e["input_limit"]
+        if used is None:
+            used = m.input_tokens
+        if limit is None:
+            limit = m.input_limit
+        pressure = e["pressure"]
+        measured = d["measured"]
+        for x in measured:
+            if x.basis == basis:  # measured again: its entry moves to the end
+                measured = tuple([x for x in measured if x.basis != basis])
+                break
+        d["measured"] = measured[-(RECENT_BASES_KEPT - 1) :] + (
+            built(
+                MeasuredBasis,
                 {
                     "basis": basis,
-                    "revision": m.basis.revision,
-                    "input_tokens": used,
+                    "model": m.model.name,
+                    "quality": m.quality,
+                    "counted_tokens": m.input_tokens,
                     "input_limit": limit,
-                    "occupancy_bp": event.occupancy_bp,
-                    "action": event.action,
-                    "at": event.at,
                 },
             ),
         )
-        return _evolve(state, base)
-    s = _evolve(state, base)
-    if isinstance(event, ev.SessionStarted):
-        return replace(s, policy=event.policy)
-    if isinstance(event, ev.CompactionStarted):
-        attempt = Attempt.from_started(event)
-        return replace(
-            s,
-            open_attempts=s.open_attempts + (attempt,),
-            attempts_opened=s.attempts_opened + 1,
-            episode_automatic=s.episode_automatic + (1 if attempt.automatic else 0),
+        d["pressure"] = pressure
+        if pressure == "normal":  # = episode_after(pressure, ...)
+            d["episode_automatic"] = 0
+        d["last"] = built(
+            LastMeasurement,
+            {
+                "basis": basis,
+                "revision": b.revision,
+                "input_tokens": used,
+                "input_limit": limit,
+                "occupancy_bp": e["occupancy_bp"],
+                "action": e["action"],
+                "at": e["at"],
+            },
         )
-    if isinstance(event, ev.CompactionCommitted):
-        s = _close(s, event.attempt_id, "committed")
+    elif isinstance(event, ev.SessionStarted):
+        d["policy"] = event.policy
+    elif isinstance(event, ev.CompactionStarted):
+        attempt = Attempt.from_started(event)
+        d["open_attempts"] = d["open_attempts"] + (attempt,)
+        d["attempts_opened"] += 1
+        if attempt.automatic:
+            d["episode_automatic"] += 1
+    elif isinstance(event, ev.CompactionCommitted):
+        _close(d, event.attempt_id, "committed")
         # the history changed: a new revision, with nothing exhausted (or rejected) yet
-        return replace(s, revision=event.new_revision, exhausted=frozenset(), rejected=frozenset())
-    if isinstance(event, ev.CompactionRejected):
-        s = _close(s, event.attempt_id, f"rejected:{event.reject_reason}")
-        if event.reason == "automatic" and event.basis.startswith(f"r{s.revision}:"):
-            s = replace(s, exhausted=s.exhausted | {event.basis})
-        return s
-    if isinstance(event, ev.ProviderRejected):
-        if event.basis.startswith(f"r{s.revision}:"):
-            return replace(s, rejected=s.rejected | {event.basis})
-        return s
-    if isinstance(event, (ev.CountFailed, ev.MeasurementRefused, ev.ContextLimitReached, ev.UsageReported)):
-        return s
-    raise TypeError(f"unknown event {event!r}")
+        d["revision"] = event.new_revision
+        d["exhausted"] = frozenset()
+        d["rejected"] = frozenset()
+    elif isinstance(event, ev.CompactionRejected):
+        _close(d, event.attempt_id, f"rejected:{event.reject_reason}")
+        if event.reason == "automatic" and event.basis.startswith(f"r{d['revision']}:"):
+            d["exhausted"] = d["exhausted"] | {event.basis}
+    elif isinstance(event, ev.ProviderRejected):
+        if event.basis.startswith(f"r{d['revision']}:"):
+            d["rejected"] = d["rejected"] | {event.basis}
+    elif not isinstance(event, (ev.CountFailed, ev.MeasurementRefused, ev.ContextLimitReached, ev.UsageReported)):
+        raise TypeError(f"unknown event {event!r}")
+
+
+def _working(state: SessionState) -> dict[str, Any]:
+    """The fields of ``state`` as a dict :func:`_step` may change (``counts`` copied too)."""
+    d = dict(state.__dict__)
+    d["counts"] = dict(d["counts"])
+    return d
+
+
+def apply(state: SessionState, event: ev.DomainEvent) -> SessionState:
+    """The one transition function. Pure: a new state, ``state`` unchanged."""
+    d = _working(state)
+    _step(d, event)
+    return built(SessionState, d)
 
 
 def fold(events: Iterable[ev.DomainEvent], session_id: str, state: SessionState | None = None) -> SessionState:
+    """``apply`` of each event in turn; the states in between are never built (one copy of the
+    fields, changed in place by each step, then one new state: the same state as the ``apply``s)."""
     s = state if state is not None else SessionState(session_id=session_id)
+    d: dict[str, Any] | None = None
     for e in events:
-        s = apply(s, e)
-    return s
+        if d is None:
+            d = _working(s)
+        _step(d, e)
+    return s if d is None else built(SessionState, d)
 
 
 class SessionProjector:
