@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine
 
-from tests.support.toy_store import ToyProjector, ev
+from tests.support.toy_store import ToyProjector, ev, execute_sql
 from tracker.errors import InvalidInput
 from tracker.settings import normalize_database_url
 from tracker.store import MemoryEventStore, NewEvent, chain, migrate, open_store, upgrade
@@ -31,37 +31,6 @@ AWKWARD = [
     ev("Tick", n=3),
     ev("Tick", n=4),
 ]
-
-
-@pytest.fixture(params=["memory", "sqlite", "postgres"])
-def backend(request, tmp_path):
-    """The database URL of each backend (None: in memory)."""
-    if request.param == "memory":
-        yield None
-    elif request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'tracker.db'}"
-    else:
-        yield request.getfixturevalue("pg_url")
-
-
-@pytest.fixture
-def store(backend):
-    if backend is None:
-        s: Any = MemoryEventStore(projector=ToyProjector())
-    else:
-        upgrade(backend)
-        s = open_store(backend, projector=ToyProjector())
-    yield s
-    s.close()
-
-
-def _sql(url: str, sql: str, **params: Any) -> None:
-    engine = create_engine(normalize_database_url(url))
-    try:
-        with engine.begin() as conn:
-            conn.execute(text(sql), params)
-    finally:
-        engine.dispose()
 
 
 def _expected_chain(sid: str, events: list[NewEvent], start: int = 1) -> list[bytes]:
@@ -95,7 +64,7 @@ def edit(store: Any, url: str | None, sid: str, version: int) -> None:
         _mem_replace(store, sid, version, data_json='{"n":99}')
     else:
         cast = "CAST(:d AS jsonb)" if url.startswith("postgresql") else ":d"
-        _sql(
+        execute_sql(
             url,
             f"UPDATE events SET data = {cast} WHERE session_id = :s AND version = :v",
             d='{"n": 99}',
@@ -109,7 +78,7 @@ def delete(store: Any, url: str | None, sid: str, version: int) -> None:
         gone = store._streams[sid].pop(version - 1)
         store._log.remove(gone)
     else:
-        _sql(url, "DELETE FROM events WHERE session_id = :s AND version = :v", s=sid, v=version)
+        execute_sql(url, "DELETE FROM events WHERE session_id = :s AND version = :v", s=sid, v=version)
 
 
 def swap(store: Any, url: str | None, sid: str, a: int, b: int) -> None:
@@ -131,14 +100,16 @@ def swap(store: Any, url: str | None, sid: str, a: int, b: int) -> None:
         )
     else:
         for frm, to in ((a, 1_000_000), (b, a), (1_000_000, b)):
-            _sql(url, "UPDATE events SET version = :to WHERE session_id = :s AND version = :frm", to=to, s=sid, frm=frm)
+            execute_sql(
+                url, "UPDATE events SET version = :to WHERE session_id = :s AND version = :frm", to=to, s=sid, frm=frm
+            )
 
 
 def unchain(store: Any, url: str | None, sid: str, version: int) -> None:
     if url is None:
         _mem_replace(store, sid, version, hash=None)
     else:
-        _sql(url, "UPDATE events SET hash = NULL WHERE session_id = :s AND version = :v", s=sid, v=version)
+        execute_sql(url, "UPDATE events SET hash = NULL WHERE session_id = :s AND version = :v", s=sid, v=version)
 
 
 # -- the chain an append writes ---------------------------------------------------------------------
@@ -249,7 +220,7 @@ def _old_rows(url: str) -> None:
     data = "CAST(:d AS jsonb)" if pg else ":d"
     for sid, events in OLD_ROWS:
         for i, e in enumerate(events):
-            _sql(
+            execute_sql(
                 url,
                 "INSERT INTO events (session_id, version, type, data, recorded_at, batch_size, fleet) "
                 f"VALUES (:s, :v, :t, {data}, :at, 1, :f)",
@@ -260,7 +231,7 @@ def _old_rows(url: str) -> None:
                 at="2026-01-01 00:00:00",
                 f=sid.split(":")[0] if ":" in sid else "",
             )
-        _sql(
+        execute_sql(
             url,
             "INSERT INTO sessions (session_id, version, state, open_attempts, created_at, updated_at) "
             "VALUES (:s, :v, NULL, 0, :at, :at)",
@@ -303,7 +274,7 @@ def test_the_backfill_carries_a_chain_across_its_batches(db_url):
     migrate.upgrade(db_url, BEFORE_CHAIN)
     _old_rows(db_url)
     migrate.upgrade(db_url)
-    _sql(db_url, "UPDATE events SET hash = NULL")
+    execute_sql(db_url, "UPDATE events SET hash = NULL")
     engine = create_engine(normalize_database_url(db_url))
     try:
         with engine.begin() as conn:

@@ -19,30 +19,8 @@ from sqlalchemy import create_engine, text
 from tests.support.toy_store import ToyProjector, ev, execute_sql, fold
 from tracker.errors import ConcurrencyConflict, InvalidInput, InvalidSessionId, SchemaOutOfDate, StoreError
 from tracker.settings import normalize_database_url
-from tracker.store import MemoryEventStore, NewEvent, StoredEvent, migrate, open_store, upgrade, verify_projections
+from tracker.store import NewEvent, StoredEvent, migrate, open_store, upgrade, verify_projections
 from tracker.store import sql as store_sql
-
-
-@pytest.fixture(params=["memory", "sqlite", "postgres"])
-def backend(request, tmp_path):
-    """The database URL of each backend (None: in memory)."""
-    if request.param == "memory":
-        yield None
-    elif request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'tracker.db'}"
-    else:
-        yield request.getfixturevalue("pg_url")  # (a ``feed`` test's is on the private cluster)
-
-
-@pytest.fixture
-def store(backend):
-    if backend is None:
-        s: Any = MemoryEventStore(projector=ToyProjector())
-    else:
-        upgrade(backend)
-        s = open_store(backend, projector=ToyProjector())
-    yield s
-    s.close()
 
 
 @pytest.fixture

@@ -1,7 +1,8 @@
 """The suite's fixtures and how it runs in parallel (registered by tests/conftest.py's ``pytest_plugins``).
 
 Fixtures: databases (``pg_url``, ``sqlite_url``, ``db_url`` over both backends, ``redis_url``,
-``redis_prefix``), ``private_pg`` (this process's private PostgreSQL cluster), the HTTP clients ``a``
+``redis_prefix``), event stores (``store``: in memory, on SQLite and on PostgreSQL, its URL
+``backend``), ``private_pg`` (this process's private PostgreSQL cluster), the HTTP clients ``a``
 and ``b`` of fleet A and fleet B of the module's ``server`` (an :class:`~tests.support.api.ApiServer`;
 ``server`` itself is ``api_server(**API_SERVER)`` unless the module defines one), and a browser
 (``browser``, ``page``; signing in and screenshots are tests/support/browser.py).
@@ -128,6 +129,33 @@ def db_url(request, tmp_path):
         yield f"sqlite:///{tmp_path / 'tracker.db'}"
     else:
         yield from _postgres(request)
+
+
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
+def backend(request, tmp_path):
+    """The database URL of each event-store backend (None: in memory), for ``store``."""
+    if request.param == "memory":
+        yield None
+    elif request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'tracker.db'}"
+    else:
+        yield request.getfixturevalue("pg_url")  # (a ``feed`` test's is on the private cluster)
+
+
+@pytest.fixture
+def store(backend):
+    """An event store of each backend (``backend``), migrated, with the toy projector of
+    tests/support/toy_store.py."""
+    from tests.support.toy_store import ToyProjector
+    from tracker.store import MemoryEventStore, open_store, upgrade
+
+    if backend is None:
+        s: Any = MemoryEventStore(projector=ToyProjector())
+    else:
+        upgrade(backend)
+        s = open_store(backend, projector=ToyProjector())
+    yield s
+    s.close()
 
 
 @pytest.fixture
