@@ -26,15 +26,16 @@ import json
 from decimal import Decimal
 from typing import Any
 
-__all__ = ["GENESIS", "HASH_BYTES", "canonical", "canonical_data", "canonical_event", "link", "chain"]
+__all__ = ["GENESIS", "HASH_BYTES", "canonical", "canonical_data", "canonical_event", "canonical_json", "chain", "link"]
 
 #: the "previous hash" of a stream's first event: 32 zero bytes
 GENESIS = bytes(32)
 HASH_BYTES = 32
 
 
-#: compact, sorted keys, no ASCII escaping, no NaN (one encoder: ``json.dumps`` with options builds one per call)
-_dumps = json.JSONEncoder(separators=(",", ":"), sort_keys=True, ensure_ascii=False, allow_nan=False).encode
+#: the canonical JSON: compact, sorted keys, no ASCII escaping, no NaN (one encoder: ``json.dumps``
+#: with options builds one per call). ``tracker.store.validate`` writes every event's data with it.
+canonical_json = json.JSONEncoder(separators=(",", ":"), sort_keys=True, ensure_ascii=False, allow_nan=False).encode
 
 
 def _normal(value: Any) -> Any:
@@ -51,24 +52,23 @@ def _normal(value: Any) -> Any:
     return value
 
 
-def canonical_data(data: dict[str, Any], text: str | None = None) -> str:
-    """The canonical JSON text of an event's data. ``text``: ``data`` already written as compact,
-    sorted-keys JSON (``tracker.store.validate.dumps``), reused unless a float must be rewritten."""
-    if text is None:
-        text = _dumps(data)
-    if "e+" in text or "-0.0" in text:  # (a string may contain these too: then nothing changes)
-        return _dumps(_normal(data))
+def canonical_data(text: str) -> str:
+    """The canonical text of an event's data, from its ``canonical_json`` text: the same text unless
+    it holds a float JSONB gives back otherwise (then parsed and written again; a string holding
+    ``e+`` or ``-0.0`` is parsed too, and comes out the same)."""
+    if "e+" in text or "-0.0" in text:
+        return canonical_json(_normal(json.loads(text)))
     return text
 
 
 def canonical_event(session_id: str, version: int, type_: str, data_text: str) -> str:
     """The canonical JSON text of ``[session_id, version, type, data]``, ``data_text`` being ``canonical_data``'s."""
-    return f"[{_dumps(session_id)},{int(version)},{_dumps(type_)},{data_text}]"
+    return f"[{canonical_json(session_id)},{int(version)},{canonical_json(type_)},{data_text}]"
 
 
 def canonical(session_id: str, version: int, type_: str, data: dict[str, Any]) -> bytes:
     """The canonical bytes of an event (the module doc)."""
-    return canonical_event(session_id, version, type_, canonical_data(data)).encode("utf-8")
+    return canonical_event(session_id, version, type_, canonical_data(canonical_json(data))).encode("utf-8")
 
 
 def link(previous: bytes, canonical_bytes: bytes) -> bytes:

@@ -8,7 +8,6 @@ store writes a checked append (``CheckedAppend``) its own way (``_append``).
 
 from __future__ import annotations
 
-import json
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -26,11 +25,6 @@ __all__ = ["FOLD_BATCH", "CheckedAppend", "LogStore"]
 FOLD_BATCH = 2000
 
 
-def _odd(text: str) -> bool:
-    """Whether a data text may hold a float the canonical text writes differently (``chain.canonical_data``)."""
-    return "e+" in text or "-0.0" in text
-
-
 @dataclass(frozen=True, slots=True)
 class CheckedAppend:
     """An append whose input passed ``validate.check_append``: the events' types, JSON texts and
@@ -45,15 +39,11 @@ class CheckedAppend:
     projected: dict[str, Any] | None
 
     def canonical_texts(self) -> list[str]:
-        """Each event's canonical text (``tracker.store.chain``), at the versions this append writes."""
+        """Each event's canonical text (``tracker.store.chain``), at the versions this append writes
+        (from the data texts ``validate.check_append`` wrote with ``chain.canonical_json``)."""
         sid, first = self.session_id, self.expected + 1
-        if self.datas:
-            return [
-                canonical_event(sid, first + i, t, canonical_data(self.datas[i], self.texts[i]))
-                for i, t in enumerate(self.types)
-            ]
         return [
-            canonical_event(sid, first + i, t, canonical_data(json.loads(text), text) if _odd(text) else text)
+            canonical_event(sid, first + i, t, canonical_data(text))
             for i, (t, text) in enumerate(zip(self.types, self.texts, strict=True))
         ]
 

@@ -22,6 +22,7 @@ from tracker.store.base import (
     MAX_IDEMPOTENCY_KEY_LEN,
     NewEvent,
 )
+from tracker.store.chain import canonical_json
 
 __all__ = [
     "check_append",
@@ -53,13 +54,9 @@ def dumps(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
-def dumps_data(value: Any) -> str:
-    """An event's data as the store sends it: ``dumps`` with sorted keys (the canonical text of
-    ``tracker.store.chain`` for almost every event, so the chain needs no second encoding)."""
-    return _DATA_ENCODER.encode(value)
-
-
-_DATA_ENCODER = json.JSONEncoder(separators=(",", ":"), sort_keys=True, ensure_ascii=False, allow_nan=False)
+#: an event's data as the store sends it: the canonical JSON of ``tracker.store.chain`` (``dumps`` with
+#: sorted keys), so the chain needs no second encoding
+dumps_data = canonical_json
 
 
 def check_key(idempotency_key: Any) -> str | None:

@@ -182,8 +182,8 @@ def verify_chains(store: ChainLog) -> dict[str, Any]:
     event), ``reordered``, ``unchained``; sessions in id order."""
     chains = events = 0
     broken: list[dict[str, Any]] = []
-    for sid, _ in store.log_versions():
-        if not _:
+    for sid, version in store.log_versions():
+        if not version:  # a projection row with no events: nothing chained
             continue
         chains += 1
         finding, n, last = check_chain(sid, iter(store.chain_links(sid)))
