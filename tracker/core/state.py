@@ -171,7 +171,7 @@ def _step(d: dict[str, Any], event: ev.DomainEvent) -> None:
         e = event.__dict__
         m = e["measurement"]
         b = m.basis
-        basis = f"r{b.revision}:{b.through}"  # = str(b)
+        basis = str(b)
         used, limit = e["input_tokens"], e["input_limit"]
         if used is None:
             used = m.input_tokens
@@ -196,8 +196,7 @@ def _step(d: dict[str, Any], event: ev.DomainEvent) -> None:
             ),
         )
         d["pressure"] = pressure
-        if pressure == "normal":  # = episode_after(pressure, ...)
-            d["episode_automatic"] = 0
+        d["episode_automatic"] = episode_after(pressure, d["episode_automatic"])
         d["last"] = built(
             LastMeasurement,
             {
