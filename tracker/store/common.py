@@ -1,9 +1,10 @@
-"""What the two ``EventStore`` implementations share: the append's entry and folding from the log.
+"""What the two ``EventStore`` implementations share: the entries that check input, and folding from the log.
 
 ``tracker.store.sql.SqlEventStore`` and ``tracker.store.memory.MemoryEventStore`` both check an
-append's input the same way before anything is written (``tracker.store.validate``), and both
-fold a session's state from their own ``read_stream``; ``LogStore`` does that once, and each
-store writes a checked append (``CheckedAppend``) its own way (``_append``).
+append's (and a feed read's) input the same way before anything is written or read
+(``tracker.store.validate``), and both fold a session's state from their own ``read_stream``;
+``LogStore`` does that once, and each store writes a checked append (``CheckedAppend``) and reads
+the checked feed its own way (``_append``, ``_read_all``, ``_stream_version``).
 """
 
 from __future__ import annotations
@@ -105,6 +106,31 @@ class LogStore(ABC):
     def read_stream(
         self, session_id: str, from_version: int = 1, to_version: int | None = None
     ) -> Iterator[StoredEvent]: ...
+
+    def read_all(
+        self,
+        after_position: int = 0,
+        limit: int = 1000,
+        *,
+        session_prefix: str | None = None,
+        types: Sequence[str] | None = None,
+    ) -> list[StoredEvent]:
+        """``EventStore.read_all``: bad input raises its typed error before anything is read."""
+        kinds = validate.check_read_all(after_position, limit, session_prefix, types)
+        return self._read_all(after_position, limit, session_prefix, kinds)
+
+    @abstractmethod
+    def _read_all(
+        self, after_position: int, limit: int, session_prefix: str | None, kinds: tuple[str, ...] | None
+    ) -> list[StoredEvent]:
+        """Checked ``read_all``: ``kinds`` is None (every type) or the checked type names."""
+
+    def stream_version(self, session_id: str) -> int:
+        validate.check_session_id(session_id)
+        return self._stream_version(session_id)
+
+    @abstractmethod
+    def _stream_version(self, session_id: str) -> int: ...
 
     @abstractmethod
     def close(self) -> None: ...

@@ -17,7 +17,7 @@ from __future__ import annotations
 import bisect
 import json
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -187,16 +187,10 @@ class MemoryEventStore(LogStore):
             picked = stream[from_version - 1 : upto]
         return (e.stored() for e in picked)
 
-    def read_all(
-        self,
-        after_position: int = 0,
-        limit: int = 1000,
-        *,
-        session_prefix: str | None = None,
-        types: Sequence[str] | None = None,
+    def _read_all(
+        self, after_position: int, limit: int, session_prefix: str | None, kinds: tuple[str, ...] | None
     ) -> list[StoredEvent]:
         """Position order is commit order here (one lock serialises appends)."""
-        kinds = validate.check_read_all(after_position, limit, session_prefix, types)
         out: list[StoredEvent] = []
         with self._lock:
             start = bisect.bisect_right(self._log, after_position, key=lambda e: e.position)
@@ -209,8 +203,7 @@ class MemoryEventStore(LogStore):
                         break
         return out
 
-    def stream_version(self, session_id: str) -> int:
-        validate.check_session_id(session_id)
+    def _stream_version(self, session_id: str) -> int:
         with self._lock:
             return len(self._streams.get(session_id, ()))
 

@@ -54,7 +54,7 @@ from __future__ import annotations
 import json
 import os
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -362,22 +362,15 @@ class SqlEventStore(LogStore):
                 return
             after = page[-1].version
 
-    def read_all(
-        self,
-        after_position: int = 0,
-        limit: int = 1000,
-        *,
-        session_prefix: str | None = None,
-        types: Sequence[str] | None = None,
+    def _read_all(
+        self, after_position: int, limit: int, session_prefix: str | None, kinds: tuple[str, ...] | None
     ) -> list[StoredEvent]:
         """Commit-safe on both backends (see the module docstring). The ``session_prefix`` and ``types``
         filters are part of the same statement, so the result is still a prefix of the (filtered) log in
         commit order."""
-        kinds = validate.check_read_all(after_position, limit, session_prefix, types)
         return self._reads.read_all(after_position, limit, session_prefix, kinds)
 
-    def stream_version(self, session_id: str) -> int:
-        validate.check_session_id(session_id)
+    def _stream_version(self, session_id: str) -> int:
         return self._reads.stream_version(session_id)
 
     def load(self, session_id: str) -> tuple[dict[str, Any] | None, int]:
