@@ -30,13 +30,17 @@ import os
 import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, create_model, field_validator
 from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 
 from tracker.core.policy import POLICY_DOCS, Policy
 from tracker.errors import InvalidPolicy, InvalidSetting
+
+#: a duration in seconds: a finite number above 0 (``SecondsOrZero``: 0 or more)
+Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+SecondsOrZero = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 
 ENV_PREFIX = "TRACKER_"
 APP_DIR_NAME = "context-tracker"
@@ -242,10 +246,8 @@ class StoreSettings(Section):
         "streaming replica of the database, opened read-only; writes and decisions never read it (none: the "
         "reads go to TRACKER_DATABASE_URL)",
     )
-    read_max_lag_s: float = Field(
+    read_max_lag_s: Seconds = Field(
         30.0,
-        gt=0,
-        allow_inf_nan=False,
         description="`/readyz` answers 503 while the replica of TRACKER_READ_DATABASE_URL is more than this many "
         "seconds behind",
     )
@@ -263,9 +265,7 @@ class CoordinationSettings(Section):
         "`redis+cluster://host:port[,host:port…]`, `redis+sentinel://host:port[,…]/service` (and `rediss+…`); "
         "none: in-process locks",
     )
-    lock_ttl_s: float = Field(
-        5.0, gt=0, allow_inf_nan=False, description="time to live of a Redis session lock, seconds"
-    )
+    lock_ttl_s: Seconds = Field(5.0, description="time to live of a Redis session lock, seconds")
 
     @field_validator("redis_url")
     @classmethod
@@ -320,20 +320,16 @@ PolicySettings = _policy_section()
 
 class ApiSettings(Section):
     max_body_bytes: int = Field(1 << 20, ge=1, description="HTTP bodies larger than this get 413 before parsing")
-    api_key_cache_s: float = Field(
+    api_key_cache_s: SecondsOrZero = Field(
         1.0,
-        ge=0,
-        allow_inf_nan=False,
         description="how long a server trusts a looked-up key (a revoked key works at most this long)",
     )
     api_threads: int = Field(40, ge=1, description="request threads per `tracker serve` process")
     max_waits_per_fleet: int = Field(
         100, ge=1, description="concurrent `wait` long-polls one fleet may hold per server process (beyond: 429)"
     )
-    body_timeout_s: float = Field(
+    body_timeout_s: Seconds = Field(
         10.0,
-        gt=0,
-        allow_inf_nan=False,
         description="seconds a request body may take to arrive (beyond: 408 `body_timeout`, connection closed)",
     )
 
@@ -344,10 +340,8 @@ class CalibrationSettings(Section):
         description="decide on estimated counts corrected by the provider's billed usage (`off`: raw counts; "
         "usage and rejections are still recorded, and learned limits still apply)",
     )
-    calibration_refresh_s: float = Field(
+    calibration_refresh_s: SecondsOrZero = Field(
         2.0,
-        ge=0,
-        allow_inf_nan=False,
         description="how often a process reads new usage reports and rejections of other processes from the log",
     )
 
