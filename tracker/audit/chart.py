@@ -293,24 +293,24 @@ def _marker(m: Marker, x: float, sy: Callable[[float], float], crisp: Callable[[
             f"<polygon points='{xx - 6:.1f},{y2 - 8:.1f} {xx + 6:.1f},{y2 - 8:.1f} {xx:.1f},{y2:.1f}' fill='{c}'/>"
             f"<rect x='{xx - 4:.1f}' y='{strip - 4}' width='8' height='8' fill='{c}'/></g>"
         )
-    if m.kind == "rejected":
-        cy = sy(m.y) if m.y is not None else strip
-        return (
-            f"{head}{guide}<line x1='{x - 6:.1f}' y1='{cy - 6:.1f}' x2='{x + 6:.1f}' y2='{cy + 6:.1f}' stroke='{c}' stroke-width='3'/>"
-            f"<line x1='{x - 6:.1f}' y1='{cy + 6:.1f}' x2='{x + 6:.1f}' y2='{cy - 6:.1f}' stroke='{c}' stroke-width='3'/></g>"
+    cy = sy(m.y) if m.y is not None else strip  # at the marker's height, or in the strip without one
+    if m.kind == "rejected":  # a cross
+        shape = (
+            f"<line x1='{x - 6:.1f}' y1='{cy - 6:.1f}' x2='{x + 6:.1f}' y2='{cy + 6:.1f}' stroke='{c}' stroke-width='3'/>"
+            f"<line x1='{x - 6:.1f}' y1='{cy + 6:.1f}' x2='{x + 6:.1f}' y2='{cy - 6:.1f}' stroke='{c}' stroke-width='3'/>"
         )
-    if m.kind == "count_failed":
-        return (
-            f"{head}{guide}<polygon points='{x:.1f},{strip - 7} {x + 7:.1f},{strip} {x:.1f},{strip + 7} {x - 7:.1f},{strip}' "
-            f"fill='{c}'/></g>"
+    elif m.kind == "count_failed":  # a diamond in the strip
+        shape = (
+            f"<polygon points='{x:.1f},{strip - 7} {x + 7:.1f},{strip} {x:.1f},{strip + 7} {x - 7:.1f},{strip}' "
+            f"fill='{c}'/>"
         )
-    if m.kind == "provider_rejected":
-        cy = sy(m.y) if m.y is not None else strip
-        return (
-            f"{head}{guide}<polygon points='{x - 7:.1f},{cy - 12:.1f} {x + 7:.1f},{cy - 12:.1f} {x:.1f},{cy:.1f}' "
-            f"fill='{c}' stroke='#fff' stroke-width='1'/></g>"
+    elif m.kind == "provider_rejected":  # a triangle pointing down at the height
+        shape = (
+            f"<polygon points='{x - 7:.1f},{cy - 12:.1f} {x + 7:.1f},{cy - 12:.1f} {x:.1f},{cy:.1f}' "
+            f"fill='{c}' stroke='#fff' stroke-width='1'/>"
         )
-    if m.kind == "context_limit":
-        cy = sy(m.y) if m.y is not None else strip
-        return f"{head}{guide}<rect x='{x - 6:.1f}' y='{cy - 6:.1f}' width='12' height='12' fill='{c}'/></g>"
-    return f"{head}{guide}<circle cx='{x:.1f}' cy='{strip}' r='6' fill='{c}'/></g>"
+    elif m.kind == "context_limit":  # a square
+        shape = f"<rect x='{x - 6:.1f}' y='{cy - 6:.1f}' width='12' height='12' fill='{c}'/>"
+    else:  # a dot in the strip
+        shape = f"<circle cx='{x:.1f}' cy='{strip}' r='6' fill='{c}'/>"
+    return f"{head}{guide}{shape}</g>"
