@@ -162,16 +162,20 @@ def test_observe_compact_wait_commit_then_stale_basis(a):
     assert d["waiting_on"]["attempt_id"] == attempt["attempt_id"]
 
     waited: dict[str, Any] = {}
+    sending = threading.Event()
 
     def waiter() -> None:
         with httpx.Client(base_url=str(a.base_url), headers=dict(a.headers), timeout=30) as c2:
             t0 = time.monotonic()
+            sending.set()
             r = c2.get(f"/v1/sessions/{s}/compactions/{attempt['attempt_id']}/wait", params={"timeout": 20})
-            waited.update(status=r.status_code, body=r.json(), took=time.monotonic() - t0)
+            waited.update(status=r.status_code, body=r.json(), took=time.monotonic() - t0, answered=time.monotonic())
 
     t = threading.Thread(target=waiter)
     t.start()
-    time.sleep(0.5)
+    assert sending.wait(30)
+    time.sleep(0.5)  # the wait is open on the server (well before the commit)
+    committing = time.monotonic()
     r = a.post(
         f"/v1/sessions/{s}/compactions/{attempt['attempt_id']}/commit",
         json={"fencing_token": attempt["fencing_token"], "tokens_after": 30_000},
@@ -183,7 +187,8 @@ def test_observe_compact_wait_commit_then_stale_basis(a):
     assert (
         waited["status"] == 200 and waited["body"]["status"] == "committed" and waited["body"]["outcome"] == "committed"
     )
-    assert 0.3 < waited["took"] < 15  # it really waited for the commit, and no longer
+    # it really waited for the commit (answered only after the commit was sent), and no longer
+    assert waited["answered"] > committing and waited["took"] < 15
 
     # measurements of the old history are stale now (recorded, 409)
     body = assert_error(a.post(f"/v1/sessions/{s}/observe", json=measure("r1:m4", 40_000)), 409, "stale_basis")

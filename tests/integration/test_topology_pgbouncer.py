@@ -134,7 +134,10 @@ def test_a_race_survives_a_pgbouncer_restart_and_killed_server_connections(db, b
     summary, counts, happened = run_race(url, None, procs=4, duration_s=4.0, pooler="transaction", during=faults)
     print("race through pgbouncer with faults:", summary, counts, happened)
     assert happened["killed_backends"] >= 1
-    assert counts["compact"] == summary["automatic_attempts"] >= 1
+    # every acknowledged attempt is in the log; an attempt whose COMMIT went through while its
+    # connection was killed is in the log too, but its racer saw the store unavailable, not "compact"
+    # (a commit's outcome is unknown to a client whose connection drops during it)
+    assert 1 <= counts["compact"] <= summary["automatic_attempts"] <= counts["compact"] + counts["unavailable"]
     assert summary["acknowledged_writes"] > 50
 
 

@@ -356,6 +356,12 @@ class InProcessCounting(MeasuringBackend):
         self.registry.close()
 
     def _count(self, request: CanonicalRequest, spec: ModelSpec, timeout_s: float) -> Any:
+        if spec.encoding is not None:
+            # the encoding is loaded once per process, before the clock starts: ``count_timeout_s``
+            # bounds counting, not the tokenizer's one-time set-up (local files, it cannot hang)
+            from tracker.counting.counters import load_encoding
+
+            load_encoding(spec.encoding)
         deadline = time.monotonic() + timeout_s
         return run_before_deadline(
             self._pool,
