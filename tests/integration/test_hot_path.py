@@ -103,6 +103,7 @@ def _stored(sid: str, version: int):  # noqa: ANN202
 # -- the fleet feed --------------------------------------------------------------------------------
 
 
+@pytest.mark.feed  # reads the feed at once after writing: on a private cluster
 def test_a_fleet_feed_reads_only_that_fleets_events(db_url):
     upgrade(db_url)
     store = open_store(db_url)
