@@ -12,12 +12,11 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
-from sqlalchemy import select
 
+from tests.support.archive_log import fill, log_rows, states
 from tests.support.service_suite import Clock, m
 from tracker import Policy, Tracker
 from tracker.core import SessionProjector
@@ -26,7 +25,6 @@ from tracker.store import open_store, verify_projections
 from tracker.store.archive import archive_sessions, digest_of
 from tracker.store.migrate import upgrade
 from tracker.store.restore import archived_marker, restore_sessions, verify_archive
-from tracker.store.schema import events as events_t
 from tracker.store.verify import verify_chains
 
 LATER = datetime.now(UTC) + timedelta(days=1)
@@ -40,54 +38,22 @@ def tracker(db_url):
     t.close()
 
 
-def _fill(t: Tracker, sessions: int = 4, steps: int = 6) -> None:
-    for k in range(sessions):
-        sid = f"s{k}"
-        for i in range(steps):
-            r = t.observe(sid, measurement=m(f"b{i}", 500 + 90 * i))
-            if r.action == "compact":
-                t.commit(sid, r.attempt.attempt_id, r.attempt.fencing_token, tokens_after=100)
-
-
-def _rows(t: Tracker) -> list[tuple[Any, ...]]:
-    """Every stored event, every column the archive must keep (the data as canonical JSON)."""
-    e = events_t.c
-    stmt = select(
-        e.position,
-        e.session_id,
-        e.version,
-        e.type,
-        e.data,
-        e.recorded_at,
-        e.idempotency_key,
-        e.batch_size,
-        e.hash,
-        e.fleet,
-    ).order_by(e.position)
-    rows = t.store._rows("test", stmt)
-    return [(*r[:4], json.dumps(r[4], sort_keys=True), *r[5:8], bytes(r[8]), r[9]) for r in rows]
-
-
-def _states(t: Tracker, sids: list[str]) -> dict[str, Any]:
-    return {sid: t.store.fold_stream(sid)[0] for sid in sids}
-
-
 def test_round_trip_archive_verify_restore(tracker, tmp_path: Path):
     t = tracker
-    _fill(t)
+    fill(t)
     sids = [f"s{k}" for k in range(4)]
-    before_rows, before_states = _rows(t), _states(t, sids)
+    before_rows, before_states = log_rows(t.store), states(t.store, sids)
     before_rows_proj = {sid: t.store.projection_row(sid) for sid in sids}
     out = tmp_path / "archive"
 
     dry = archive_sessions(t.store, out, before=LATER, dry_run=True)
     assert (dry["sessions"], dry["events"]) == (4, len(before_rows))
-    assert _rows(t) == before_rows and not out.exists()
+    assert log_rows(t.store) == before_rows and not out.exists()
 
     report = archive_sessions(t.store, out, before=LATER, batch_events=10)  # several segments
     assert (report["sessions"], report["events"], report["skipped"]) == (4, len(before_rows), [])
     assert len(report["segments"]) > 1
-    live = _rows(t)
+    live = log_rows(t.store)
     assert [(r[1], r[3]) for r in live] == [(sid, "SessionArchived") for sid in sids]
     for sid in sids:
         final = before_rows_proj[sid]["version"]
@@ -115,15 +81,15 @@ def test_round_trip_archive_verify_restore(tracker, tmp_path: Path):
     assert (first["restored"], first["live"]) == (1, 0)
     done = restore_sessions(t.store, out)
     assert (done["restored"], done["live"]) == (3, 1)
-    assert _rows(t) == before_rows
-    assert _states(t, sids) == before_states
+    assert log_rows(t.store) == before_rows
+    assert states(t.store, sids) == before_states
     for sid in sids:
         row = t.store.projection_row(sid)
         assert (row["version"], row["state"]) == (before_rows_proj[sid]["version"], before_rows_proj[sid]["state"])
     assert verify_chains(t.store)["broken"] == [] and verify_projections(t.store, SessionProjector()) == []
 
     again = restore_sessions(t.store, out)
-    assert (again["restored"], again["live"]) == (0, 4) and _rows(t) == before_rows
+    assert (again["restored"], again["live"]) == (0, 4) and log_rows(t.store) == before_rows
 
     version = t.store.stream_version("s0")
     t.observe("s0", measurement=m("after-restore", 200))
@@ -133,7 +99,7 @@ def test_round_trip_archive_verify_restore(tracker, tmp_path: Path):
 
 def test_only_sessions_idle_long_enough_and_of_the_prefix_move(tracker, tmp_path: Path):
     t = tracker
-    _fill(t, sessions=2, steps=2)
+    fill(t, sessions=2, steps=2)
     t.observe("f1:a", measurement=m("x", 100))
     assert archive_sessions(t.store, tmp_path / "a", before=datetime.now(UTC) - timedelta(days=1))["sessions"] == 0
     report = archive_sessions(t.store, tmp_path / "a", before=LATER, session_prefix="f1:")
@@ -147,7 +113,7 @@ def test_a_session_written_to_after_it_was_read_stays_live(tracker, tmp_path: Pa
     import tracker.store.archive as archive
 
     t = tracker
-    _fill(t, sessions=2, steps=2)
+    fill(t, sessions=2, steps=2)
     real = archive._archive_tx
 
     def racing(conn, **kw):
@@ -165,7 +131,7 @@ def test_a_session_written_to_after_it_was_read_stays_live(tracker, tmp_path: Pa
 
 def test_a_tampered_segment_is_refused_by_verify_and_restore(tracker, tmp_path: Path):
     t = tracker
-    _fill(t, sessions=1, steps=3)
+    fill(t, sessions=1, steps=3)
     out = tmp_path / "a"
     report = archive_sessions(t.store, out, before=LATER)
     seg = out / report["segments"][0]
