@@ -190,6 +190,15 @@ def test_the_cli_round_trip_says_where_a_session_went(url, tmp_path: Path):
     assert json.loads(refused.stdout)["code"] == "session_archived"
     bad = cli.run("archive", "--to", out, "--json", ok=False)  # neither --idle-for nor --before
     assert json.loads(bad.stdout)["code"] == "invalid_input"
+    for args, code in (
+        (("archive", "--idle-for", "soon", "--to", out), "invalid_input"),
+        (("archive", "--idle-for", "1d", "--to", out, "--fleet", "nosuch"), "unknown_fleet"),
+        (("restore", tmp_path), "invalid_input"),  # no manifest there
+        (("restore", out, "--session", "nosuch"), "invalid_input"),
+        (("verify", "--archive", tmp_path), "invalid_input"),
+    ):
+        refused = cli.run(*args, "--json", ok=False)
+        assert refused.returncode == 2 and json.loads(refused.stdout)["code"] == code, args
     cli.run("restore", out, "--session", "s1")
     cli.run("observe", "s1", "--basis", "m3", "--input-tokens", 10, "--input-limit", 175000)
     assert [json.loads(line)["version"] for line in cli.run("history", "s1", "--json").stdout.splitlines()] == [

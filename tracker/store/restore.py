@@ -41,7 +41,7 @@ from tracker.store.archive import (
 from tracker.store.base import Projector, StoredEvent, fold_events, row_columns
 from tracker.store.schema import events as events_t
 from tracker.store.schema import sessions as sessions_t
-from tracker.store.segments import Segment, file_sha256, read_manifest, read_segment
+from tracker.store.segments import MANIFEST, Segment, file_sha256, read_manifest, read_segment
 from tracker.store.sql import SqlEventStore
 
 __all__ = ["archived_marker", "restore_sessions", "verify_archive"]
@@ -72,6 +72,8 @@ def restore_sessions(
     started = time.perf_counter()
     directory = Path(directory).resolve()
     proj = projector_of(store)
+    if not (directory / MANIFEST).exists():
+        raise InvalidInput("archive", f"{directory} holds no {MANIFEST}: not an archive directory")
     manifest = read_manifest(directory)
     sessions: dict[str, Any] = manifest["sessions"]
     if session_id is not None:
@@ -203,8 +205,8 @@ def verify_archive(directory: Path, projector: Projector) -> dict[str, Any]:
     position range; each session's versions, re-fold (digest) and hash chain (up to its head).
     ``{"ok", "segments", "sessions", "events", "problems"}``, problems ``{"segment", "session_id", "problem"}``."""
     directory = Path(directory).resolve()
-    if not (directory / "manifest.json").exists():
-        raise InvalidInput("archive", f"{directory} holds no manifest.json")
+    if not (directory / MANIFEST).exists():
+        raise InvalidInput("archive", f"{directory} holds no {MANIFEST}: not an archive directory")
     manifest = read_manifest(directory)
     problems: list[dict[str, Any]] = []
     by_segment: dict[str, list[str]] = {}
