@@ -126,7 +126,9 @@ class SessionRows:
     hi: int = 0
     digest: str = ""
     head: str = ""
-    problem: str | None = None
+    #: set by ``check_rows``: the rows' data, parsed, and the state they fold to
+    datas: list[dict[str, Any]] = field(default_factory=list)
+    state: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -231,7 +233,9 @@ def check_rows(proj: Projector, seg: Segment, s: SessionRows) -> str | None:
     if versions != list(range(1, s.version + 1)):
         return f"holds versions {versions[:1]}..{versions[-1:]}, not 1..{s.version}"
     texts = seg.data[s.lo : s.hi]
-    digest = digest_of(_fold(proj, s.sid, seg, s.lo, s.hi, [json.loads(d) for d in texts]))
+    s.datas = [json.loads(d) for d in texts]
+    s.state = _fold(proj, s.sid, seg, s.lo, s.hi, s.datas)
+    digest = digest_of(s.state)
     if not s.digest:
         s.digest = digest
     if digest != s.digest:

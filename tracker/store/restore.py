@@ -17,7 +17,6 @@ again, and one that reads from 0 afterwards finds them in their original order.
 from __future__ import annotations
 
 import functools
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -38,7 +37,7 @@ from tracker.store.archive import (
     segment_columns,
     write_tx,
 )
-from tracker.store.base import Projector, StoredEvent, fold_events, row_columns
+from tracker.store.base import Projector, row_columns
 from tracker.store.schema import events as events_t
 from tracker.store.schema import sessions as sessions_t
 from tracker.store.segments import MANIFEST, Segment, file_sha256, read_manifest, read_segment
@@ -157,7 +156,7 @@ def _restore_tx(conn: Connection, store: SqlEventStore, proj: Projector, seg: Se
                 "session_id": s.sid,
                 "version": seg.version[i],
                 "type": seg.type[i],
-                "data": json.loads(seg.data[i]),
+                "data": s.datas[i - s.lo],
                 "recorded_at": seg.recorded_at[i],
                 "idempotency_key": seg.idempotency_key[i],
                 "batch_size": seg.batch_size[i],
@@ -171,7 +170,7 @@ def _restore_tx(conn: Connection, store: SqlEventStore, proj: Projector, seg: Se
         for k in range(0, len(rows), INSERT_CHUNK):
             conn.execute(insert(events_t), rows[k : k + INSERT_CHUNK])
         conn.execute(delete(events_t).where(_E.session_id == s.sid, _E.version == marker_version))
-        state = fold_events(proj, proj.initial(s.sid), _stored(seg, s, rows))
+        state = s.state  # (check_rows folded these very rows)
         pressure, revision, occupancy, open_attempts = row_columns(proj, state)
         conn.execute(
             update(sessions_t)
@@ -188,13 +187,6 @@ def _restore_tx(conn: Connection, store: SqlEventStore, proj: Projector, seg: Se
         )
     store._states.discard(s.sid)
     return True
-
-
-def _stored(seg: Segment, s: SessionRows, rows: list[dict[str, Any]]) -> list[StoredEvent]:
-    return [
-        StoredEvent(r["position"], s.sid, r["version"], r["type"], r["data"], r["recorded_at"], r["idempotency_key"])
-        for r in rows
-    ]
 
 
 # -- verify ------------------------------------------------------------------------------------------
