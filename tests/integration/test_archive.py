@@ -21,7 +21,7 @@ from tests.support.service_suite import Clock, m
 from tracker import Policy, Tracker
 from tracker.core import SessionProjector
 from tracker.errors import ArchivedSession, InvalidInput
-from tracker.store import open_store, verify_projections
+from tracker.store import NewEvent, open_store, verify_projections
 from tracker.store.archive import archive_sessions, digest_of
 from tracker.store.migrate import upgrade
 from tracker.store.restore import archived_marker, restore_sessions, verify_archive
@@ -146,3 +146,23 @@ def test_a_tampered_segment_is_refused_by_verify_and_restore(tracker, tmp_path: 
     with pytest.raises(InvalidInput, match="sha256"):
         restore_sessions(t.store, out)
     assert archived_marker(t.store, "s0") is not None  # still archived: nothing half-restored
+
+
+def test_a_long_archived_session_reads_folds_and_verifies_from_its_record(tracker, tmp_path: Path):
+    """An archived stream starts at its record's version, far past 1: reading it from version 1
+    finds the record even when it lies beyond the first page of a stream read (2,000 versions)."""
+    t = tracker
+    fill(t, sessions=1, steps=2)
+    measured = [e for e in t.store.read_stream("s0") if e.type == "ContextMeasured"][-1]
+    for _ in range(5):
+        version = t.store.stream_version("s0")
+        t.store.append("s0", version, [NewEvent(measured.type, measured.data)] * 500)
+    final = t.store.stream_version("s0")
+    assert final > 2500
+    folded = t.store.fold_stream("s0")[0]
+    archive_sessions(t.store, tmp_path / "a", before=LATER)
+    assert [(e.version, e.type) for e in t.store.read_stream("s0")] == [(final + 1, "SessionArchived")]
+    assert t.store.fold_stream("s0")[1] == final + 1
+    assert verify_projections(t.store, SessionProjector()) == [] and verify_chains(t.store)["broken"] == []
+    restore_sessions(t.store, tmp_path / "a")
+    assert t.store.fold_stream("s0") == (folded, final)
