@@ -259,6 +259,13 @@ class UnknownSession(StoreError):
     code = "unknown_session"
 
 
+class ArchivedSession(StoreError):
+    """The session's events were moved to an archive (``tracker archive``): nothing is decided or
+    recorded for it until ``tracker restore ARCHIVE --session ID`` brings them back."""
+
+    code = "session_archived"
+
+
 # -- fleets and keys -------------------------------------------------------------------------
 
 

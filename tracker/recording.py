@@ -23,7 +23,7 @@ from tracker._lru import LRU
 from tracker.coordination import Coordinator
 from tracker.core import Outcome, SessionState
 from tracker.core.events import CompactionCommitted, CompactionRejected
-from tracker.errors import ConcurrencyConflict, IntegrityError, TrackerError
+from tracker.errors import ArchivedSession, ConcurrencyConflict, IntegrityError, TrackerError
 from tracker.hooks import Hooks
 from tracker.idempotent import answer_from, recorded_answer
 from tracker.store.base import AppendResult, EventStore, NewEvent
@@ -58,6 +58,8 @@ class SessionWriter:
                 "run `tracker verify`",
                 session_id=session_id,
             )
+        if state.archived is not None:
+            raise archived_error(session_id, state.archived)
         return state
 
     def known(self, session_id: str) -> SessionState:
@@ -182,3 +184,15 @@ class SessionWriter:
 
 def _new_event(e: Any) -> NewEvent:
     return NewEvent(type=e.TYPE, data=e.to_data())
+
+
+def archived_error(session_id: str, archived: dict[str, Any]) -> ArchivedSession:
+    """The typed refusal of a command on an archived session, saying how to bring it back."""
+    where = archived.get("archive", "")
+    return ArchivedSession(
+        f"session {session_id} is archived (versions 1-{archived.get('final_version')} in "
+        f"{where}/{archived.get('segment')}); run `tracker restore {where} --session {session_id}` first",
+        session_id=session_id,
+        archive=where,
+        segment=archived.get("segment"),
+    )

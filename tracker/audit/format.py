@@ -78,6 +78,11 @@ def summary(event: ev.DomainEvent | Unrecognised) -> str:
             return f"{event.kind}: {event.basis} (session at r{event.current_revision})"
         case ev.SessionStarted(policy=p):
             return f"policy compact at {p.compact_at_bp} bp, rearm below {p.rearm_below_bp} bp, automatic={p.automatic}"
+        case ev.SessionArchived():
+            return (
+                f"versions 1-{event.final_version} archived to {event.archive}/{event.segment}; "
+                f"`tracker restore {event.archive} --session ID` brings them back"
+            )
         case Unrecognised(data=data):
             return json.dumps(data)[:100]
     return json.dumps(event.to_data())[:100]

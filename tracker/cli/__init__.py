@@ -25,7 +25,7 @@ import typer
 from typer._click.exceptions import UsageError  # typer's bundled click: the base of its usage errors
 from typer.core import TyperGroup
 
-from tracker.cli import fleets, ops, reports, sessions
+from tracker.cli import fleets, ops, reports, retention, sessions
 from tracker.cli._common import fail, invalid, settings
 from tracker.errors import TrackerError
 
@@ -107,6 +107,7 @@ _flags_take_no_value()
 app.add_typer(ops.app)
 app.add_typer(ops.db_app, name="db")
 app.add_typer(sessions.app)
+app.add_typer(retention.app)
 app.add_typer(reports.app)
 app.add_typer(fleets.fleet_app, name="fleet")
 app.add_typer(fleets.key_app, name="key")

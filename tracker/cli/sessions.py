@@ -74,11 +74,20 @@ def _scope(fleets: FleetStore, fleet: str | None, as_json: bool) -> SessionScope
 
 
 @app.command()
-def verify(as_json: bool = typer.Option(False, "--json")) -> None:
+def verify(
+    as_json: bool = typer.Option(False, "--json"),
+    archive: Path | None = typer.Option(
+        None, "--archive", help="check this archive directory against its manifest instead of the live log"
+    ),
+) -> None:
     """Re-fold every session from the log and compare with the stored projection, and check every
-    session's hash chain (the tamper-evident log). Exit 1 on any difference or broken chain."""
+    session's hash chain (the tamper-evident log). Exit 1 on any difference or broken chain.
+    ``--archive DIR``: re-fold every archived session and check its chain against the manifest."""
     from tracker import queries
 
+    if archive is not None:
+        _verify_archive(archive, as_json)
+        return
     with store_open(as_json) as store:
         report = queries.verify(store)
     if as_json:
@@ -98,6 +107,44 @@ def verify(as_json: bool = typer.Option(False, "--json")) -> None:
         )
     if not report["ok"]:
         raise typer.Exit(1)
+
+
+def _verify_archive(directory: Path, as_json: bool) -> None:
+    from tracker.core import SessionProjector
+    from tracker.store.restore import verify_archive
+
+    try:
+        report = verify_archive(directory, SessionProjector())
+    except TrackerError as exc:
+        fail(exc, as_json)
+    if as_json:
+        print(json.dumps(report, default=str))
+    elif not report["ok"]:
+        for p in report["problems"]:
+            who = "" if p["session_id"] is None else f" session {plain(p['session_id'])}"
+            err_console.print(f"[red]archive[/] {plain(p['segment'])}{who}: {plain(p['problem'])}")
+    else:
+        console.print(
+            f"[green]ok[/]: {plural(report['segments'], 'segment')} of {plain(report['archive'])} match the manifest; "
+            f"{plural(report['sessions'], 'archived session')} ({plural(report['events'], 'event')}) fold to their "
+            "digests and their hash chains are intact"
+        )
+    if not report["ok"]:
+        raise typer.Exit(1)
+
+
+def _archived_note(db: Storage, scope: SessionScope, session_id: str) -> None:
+    """On stderr: where an archived session's events went, and how to bring them back."""
+    from tracker.store.restore import archived_marker
+
+    marker = archived_marker(db.store, scope.internal(session_id))
+    if marker is not None:
+        fleet = f" --fleet {scope.prefix[:-1]}" if scope.prefix else ""
+        err_console.print(
+            f"[yellow]archived[/]: versions 1-{marker['final_version']} of {plain(session_id)} are in "
+            f"{plain(marker['archive'])}/{plain(marker['segment'])}; bring them back with "
+            f"`tracker restore {plain(marker['archive'])} --session {plain(session_id)}{fleet}`"
+        )
 
 
 @app.command()
@@ -282,6 +329,7 @@ def history(
     from tracker.audit.format import event_summary
 
     with _session_open(session_id, fleet, as_json) as (db, scope, version):
+        _archived_note(db, scope, session_id)
         events = queries.read_history(db.store, session_id, from_version, scope=scope)
         if as_json:
             print_json_lines(queries.event_to_dict(e, scope=scope) for e in events)
@@ -331,6 +379,7 @@ def replay(
     from tracker import queries
 
     with _session_open(session_id, fleet, as_json) as (db, scope, version):
+        _archived_note(db, scope, session_id)
         stream = version > TABLE_MAX_ROWS
         events = queries.read_history(db.store, session_id, 1, at, scope=scope)
         if html_file is not None:

@@ -302,6 +302,27 @@ class ProviderRejected(DomainEvent):
     at: float = 0.0
 
 
+@dataclass(frozen=True)
+class SessionArchived(DomainEvent):
+    """The session's events ``1 .. final_version`` were moved to a verified archive segment
+    (``tracker archive``, docs/operations.md "Retention"): the live log keeps only this record, at
+    version ``final_version + 1``, chained to the archived head. Folding it gives a fresh state at
+    that version that names where the events went (``SessionState.archived``); ``tracker restore``
+    puts the events back and removes this record.
+
+    ``digest``: sha256 of the canonical JSON of the state folded from the archived events;
+    ``chain_head``: the hex hash of the event at ``final_version``; ``segment``: the Parquet file in
+    the archive directory ``archive``; ``events``: how many events it holds of this session."""
+
+    TYPE: ClassVar[str] = "SessionArchived"
+    final_version: int
+    digest: str
+    chain_head: str
+    segment: str
+    archive: str
+    events: int
+
+
 EVENT_TYPES: dict[str, type[DomainEvent]] = {
     cls.TYPE: cls
     for cls in (
@@ -315,6 +336,7 @@ EVENT_TYPES: dict[str, type[DomainEvent]] = {
         ContextLimitReached,
         UsageReported,
         ProviderRejected,
+        SessionArchived,
     )
 }
 

@@ -78,6 +78,9 @@ class SessionState:
     measured: tuple[MeasuredBasis, ...] = ()
     # bases of the current revision the provider rejected as too long: never let through again
     rejected: frozenset[str] = frozenset()
+    # where the session's events went (``SessionArchived``): {"archive", "segment", "final_version",
+    # "digest"}; None while the session is live (and then absent from ``to_data``)
+    archived: dict[str, Any] | None = None
 
     # -- queries -------------------------------------------------------------------------
     @property
@@ -112,7 +115,7 @@ class SessionState:
 
     # -- (de)serialisation (the store's projection) ---------------------------------------
     def to_data(self) -> dict[str, Any]:
-        return {
+        data = {
             "session_id": self.session_id,
             "version": self.version,
             "policy": self.policy.to_data() if self.policy else None,
@@ -128,6 +131,9 @@ class SessionState:
             "measured": [m.to_data() for m in self.measured],
             "rejected": sorted(self.rejected),
         }
+        if self.archived is not None:
+            data["archived"] = dict(self.archived)
+        return data
 
     @classmethod
     def from_data(cls, data: dict[str, Any]) -> SessionState:
@@ -146,6 +152,7 @@ class SessionState:
             counts=dict(data.get("counts", {})),
             measured=tuple(MeasuredBasis(**m) for m in data.get("measured", ())),
             rejected=frozenset(data.get("rejected", ())),
+            archived=data.get("archived"),
         )
 
 
@@ -230,6 +237,17 @@ def _step(d: dict[str, Any], event: ev.DomainEvent) -> None:
     elif isinstance(event, ev.ProviderRejected):
         if event.basis.startswith(f"r{d['revision']}:"):
             d["rejected"] = d["rejected"] | {event.basis}
+    elif isinstance(event, ev.SessionArchived):
+        # the events before it left the live log: a fresh state at this version, naming where they went
+        d.update(_working(SessionState(session_id=d["session_id"])))
+        d["version"] = event.final_version + 1
+        d["counts"] = {name: 1}
+        d["archived"] = {
+            "archive": event.archive,
+            "segment": event.segment,
+            "final_version": event.final_version,
+            "digest": event.digest,
+        }
     elif not isinstance(event, (ev.CountFailed, ev.MeasurementRefused, ev.ContextLimitReached, ev.UsageReported)):
         raise TypeError(f"unknown event {event!r}")
 

@@ -29,6 +29,7 @@ from tracker import telemetry
 from tracker.core.model import SessionScope
 from tracker.errors import (
     COUNT_ERRORS,
+    ArchivedSession,
     AttemptError,
     BodyTimeout,
     ConcurrencyConflict,
@@ -73,6 +74,7 @@ ERROR_STATUS: dict[type[TrackerError], int] = {
     SchemaOutOfDate: 503,  # run `tracker db upgrade`
     ConcurrencyConflict: 409,  # retry (with the same idempotency key)
     UnknownSession: 404,  # also a session of another fleet
+    ArchivedSession: 409,  # moved to an archive: `tracker restore` it first
     StoreError: 500,
     Unauthorized: 401,  # missing, malformed, unknown or revoked key; checked before the body is read
     NotFound: 404,  # no such route

@@ -229,6 +229,10 @@ SessionStateOut = view(
     open_attempts=list[AttemptOut],  # type: ignore[valid-type]  # a model built at import time by view()
     last=LastMeasurementOut | None,
     recent_outcomes=list[list[str]],
+    archived=(
+        dict[str, Any] | None,
+        Field(None, description="where an archived session's events went (absent while it is live)"),
+    ),
 )
 
 EventOut = view("EventOut", StoredEvent, "One recorded event (``tracker.queries.event_to_dict``).", recorded_at=str)

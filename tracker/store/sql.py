@@ -352,15 +352,30 @@ class SqlEventStore(LogStore):
 
     def _read_stream(self, session_id: str, from_version: int, to_version: int | None) -> Iterator[StoredEvent]:
         after = from_version - 1
+        first = True
         while to_version is None or after < to_version:
             # Versions have no gaps, so a batch is a closed range: the planner reads exactly it
             # (an open upper bound made it misestimate and scan every later row of a long stream).
             upto = after + READ_BATCH if to_version is None else min(to_version, after + READ_BATCH)
             page = self._reads.read_stream_page(session_id, after, upto, READ_BATCH)
+            if not page and first:
+                # an archived session's stream starts at its SessionArchived record
+                # (tracker.store.archive), which may lie past the first page: start there
+                first = False
+                start = self._first_version_after(session_id, after)
+                if start is not None and start - 1 > after:
+                    after = start - 1
+                    continue
             yield from page
             if len(page) < READ_BATCH:
                 return
+            first = False
             after = page[-1].version
+
+    def _first_version_after(self, session_id: str, after: int) -> int | None:
+        e = events_t.c
+        stmt = select(func.min(e.version)).where(e.session_id == session_id, e.version > after)
+        return run_core(self._engine, "read_stream", lambda conn: conn.execute(stmt).scalar_one())
 
     def _read_all(
         self, after_position: int, limit: int, session_prefix: str | None, kinds: tuple[str, ...] | None

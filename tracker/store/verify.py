@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from typing import Any, Protocol
 
 from tracker.core.calibration import apply
-from tracker.core.events import ContextMeasured
+from tracker.core.events import ContextMeasured, SessionArchived
 from tracker.errors import TrackerError
 from tracker.store.base import PROJECTION_COLUMNS, EventStore, Projector
 from tracker.store.chain import GENESIS, canonical, link
@@ -156,14 +156,31 @@ def _diagnose(sid: str, version: int, prev: bytes, here: Link, rest: Iterator[Li
     return _broken(sid, version, "edited", "its content or hash is not what was chained")
 
 
+def _archived_head(version: int, type_: str, data: dict[str, Any]) -> bytes | None:
+    """The chain head a stream's first link continues from when it is the ``SessionArchived`` record
+    of an archived session (its events before it are in an archive: ``tracker verify --archive``)."""
+    if type_ != SessionArchived.TYPE or data.get("final_version") != version - 1:
+        return None
+    try:
+        head = bytes.fromhex(str(data.get("chain_head")))
+    except ValueError:
+        return None
+    return head if len(head) == len(GENESIS) else None
+
+
 def check_chain(sid: str, links: Iterator[Link]) -> tuple[dict[str, Any] | None, int, int]:
-    """(the first broken link of one session's chain or None, how many events, last version)."""
+    """(the first broken link of one session's chain or None, how many events, last version). An
+    archived session's stream starts at its ``SessionArchived`` record, chained to the archived head."""
     prev = GENESIS
     expected = 1
     n = 0
     for here in links:
         n += 1
         version, type_, data, stored = here
+        if n == 1 and version > 1:
+            head = _archived_head(version, type_, data)
+            if head is not None:
+                prev, expected = head, version
         if version != expected:
             missing = f"version {expected}" if version == expected + 1 else f"versions {expected}-{version - 1}"
             return _broken(sid, expected, "deleted (gap)", f"{missing} missing before {version}"), n, version

@@ -171,6 +171,11 @@ export class UnknownSession extends StoreError {
   static override readonly code: string = "unknown_session";
   static override readonly status: number = 404;
 }
+/** The session was archived (`tracker archive`): an operator restores it with `tracker restore`. */
+export class ArchivedSession extends StoreError {
+  static override readonly code: string = "session_archived";
+  static override readonly status: number = 409;
+}
 
 // -- fleets and keys (CLI-side in Python; listed so every code has its class) ---------------------
 
@@ -245,6 +250,7 @@ export const ERROR_CLASSES: readonly (typeof TrackerError)[] = [
   SchemaOutOfDate,
   IntegrityError,
   UnknownSession,
+  ArchivedSession,
   FleetError,
   UnknownFleet,
   UnknownKey,

@@ -900,6 +900,13 @@ export interface components {
             measured: components["schemas"]["MeasuredBasis"][];
             /** Rejected */
             rejected: string[];
+            /**
+             * Archived
+             * @description where an archived session's events went (absent while it is live)
+             */
+            archived?: {
+                [key: string]: unknown;
+            } | null;
         };
         /** SessionsOut */
         SessionsOut: {
@@ -1105,7 +1112,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Conflict: `context_limit`, `stale_basis`, `attempt_error`, `attempt_not_open`, `not_attempt_holder`, `manual_attempt_open`, `summary_too_large`, `concurrency_conflict` */
+            /** @description Conflict: `context_limit`, `stale_basis`, `attempt_error`, `attempt_not_open`, `not_attempt_holder`, `manual_attempt_open`, `summary_too_large`, `concurrency_conflict`, `session_archived` */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -1514,7 +1521,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Conflict: `context_limit`, `stale_basis`, `attempt_error`, `attempt_not_open`, `not_attempt_holder`, `manual_attempt_open`, `summary_too_large`, `concurrency_conflict` */
+            /** @description Conflict: `context_limit`, `stale_basis`, `attempt_error`, `attempt_not_open`, `not_attempt_holder`, `manual_attempt_open`, `summary_too_large`, `concurrency_conflict`, `session_archived` */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -1596,7 +1603,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Conflict: `context_limit`, `stale_basis`, `attempt_error`, `attempt_not_open`, `not_attempt_holder`, `manual_attempt_open`, `summary_too_large`, `concurrency_conflict` */
+            /** @description Conflict: `context_limit`, `stale_basis`, `attempt_error`, `attempt_not_open`, `not_attempt_holder`, `manual_attempt_open`, `summary_too_large`, `concurrency_conflict`, `session_archived` */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -1678,7 +1685,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Conflict: `context_limit`, `stale_basis`, `attempt_error`, `attempt_not_open`, `not_attempt_holder`, `manual_attempt_open`, `summary_too_large`, `concurrency_conflict` */
+            /** @description Conflict: `context_limit`, `stale_basis`, `attempt_error`, `attempt_not_open`, `not_attempt_holder`, `manual_attempt_open`, `summary_too_large`, `concurrency_conflict`, `session_archived` */
             409: {
                 headers: {
                     [name: string]: unknown;
