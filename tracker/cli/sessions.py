@@ -125,7 +125,8 @@ def _verify_archive(directory: Path, as_json: bool) -> None:
             err_console.print(f"[red]archive[/] {plain(p['segment'])}{who}: {plain(p['problem'])}")
     else:
         console.print(
-            f"[green]ok[/]: {plural(report['segments'], 'segment')} of {plain(report['archive'])} match the manifest; "
+            f"[green]ok[/]: {plural(report['segments'], 'segment')} of {plain(report['archive'])} "
+            f"{'matches' if report['segments'] == 1 else 'match'} the manifest; "
             f"{plural(report['sessions'], 'archived session')} ({plural(report['events'], 'event')}) fold to their "
             "digests and their hash chains are intact"
         )

@@ -48,6 +48,7 @@ from tracker.store.schema import APPEND_LOCK_KEY
 from tracker.store.schema import events as events_t
 from tracker.store.schema import sessions as sessions_t
 from tracker.store.segments import (
+    MANIFEST,
     Segment,
     directory_lock,
     file_sha256,
@@ -300,6 +301,9 @@ def archive_sessions(
         run.report.update(sessions=len(picked), events=total, seconds=round(time.perf_counter() - started, 3))
         return run.report
     directory.mkdir(parents=True, exist_ok=True)
+    with directory_lock(directory):  # an archive directory from the first run on, even an empty one
+        if not (directory / MANIFEST).exists():
+            write_manifest(directory, read_manifest(directory))
     done = 0
     for batch in _batches(iter(picked), batch_events):
         seg, sessions = _read(store, batch, run)
