@@ -110,8 +110,9 @@ def test_archive_and_restore_killed_mid_run_lose_nothing(filled, url, tmp_path: 
     def segment_file() -> bool:
         return out.exists() and any(p.name.startswith((".segment-", "segment-")) for p in out.iterdir())
 
-    def manifest() -> bool:
-        return (out / "manifest.json").exists()
+    def manifest() -> bool:  # names a segment (it is written whole, by a rename; empty from the run's start)
+        path = out / "manifest.json"
+        return path.exists() and bool(json.loads(path.read_text())["segments"])
 
     def some_archived() -> bool:
         return _markers(t) >= 1
