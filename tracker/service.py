@@ -44,6 +44,7 @@ from tracker.core import (
     expire_leases,
 )
 from tracker.core import commands as cmd
+from tracker.core.anchor import RequestShape
 from tracker.core.decide import Result
 from tracker.core.events import ProviderRejected, UsageReported
 from tracker.core.model import SessionScope
@@ -235,11 +236,15 @@ class Tracker(TrackerProtocol):
         # A bare basis ("msg-41") means "at the session's current revision": it is resolved
         # inside the decision, against the state being decided on (validated by the command).
         raw_basis = c.raw_basis
+        shape: RequestShape | None = None
         if c.measured is not None:
             m = c.measured
         else:
-            m = self._count(c, session_id, default)
-        calibration, learned_limit = self.calibrations.for_decision(session_id, m.model.name, m.quality)
+            m, shape = self._count(c, session_id, default)
+        if not self.calibrations.enabled:
+            shape = None  # TRACKER_CALIBRATION=off: raw counts, not anchored either
+        content = shape.content if shape is not None else None
+        calibration, learned_limit = self.calibrations.for_decision(session_id, m.model.name, m.quality, content)
         outcome, version = self._record_opening(
             session_id,
             lambda st, **at: decide_measure(
@@ -249,6 +254,7 @@ class Tracker(TrackerProtocol):
                 **c.per_call(),
                 calibration=calibration,
                 learned_limit=learned_limit,
+                shape=shape,
                 **at,
             ),
             key,
@@ -257,19 +263,24 @@ class Tracker(TrackerProtocol):
         )
         return Result(session_id=session_id, version=version, decision=_decision(outcome, session_id))
 
-    def _count(self, c: cmd.Observe, session_id: str, default: Policy) -> Measurement:
-        """Count ``c.request`` under the session's policy (fixed when it started); a count failure is
-        recorded (``CountFailed``), then raised."""
+    def _count(self, c: cmd.Observe, session_id: str, default: Policy) -> tuple[Measurement, RequestShape | None]:
+        """Count ``c.request`` under the session's policy (fixed when it started), with its shape
+        (the digest at the session's anchor's position, when the backend gives shapes); a count
+        failure is recorded (``CountFailed``), then raised."""
         if self.counting is None:
             raise InvalidInput("request", "this tracker has no counting backend; pass measurement=")
         model = c.model
         assert model is not None  # (the command requires it with a request)
         known = self._writer.known(session_id)
         started = time.monotonic()
+        given = dict(model=model, basis=Basis.parse(c.basis, 1), policy=known.policy or default)
+        shaped = getattr(self.counting, "measure_shaped", None)
         try:
-            return self.counting.measure(
-                c.request, model=model, basis=Basis.parse(c.basis, 1), policy=known.policy or default
-            )
+            if shaped is not None:
+                at = known.anchor.messages if known.anchor is not None else None
+                m, shape = shaped(c.request, at=at, **given)
+                return m, shape
+            return self.counting.measure(c.request, **given), None
         except CountError as exc:
             duration_ms = int((time.monotonic() - started) * 1000)
 

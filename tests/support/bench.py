@@ -23,6 +23,7 @@ from tracker.bench.procs import (
 )
 from tracker.bench.sim_provider import (
     ANTHROPIC_LIKE,
+    CJK_DOCUMENTS,
     CODING_AGENT,
     GEMINI_LIKE,
     MULTILINGUAL_ASSISTANT,

@@ -33,9 +33,11 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from tracker import telemetry
+from tracker.core.anchor import RequestShape
 from tracker.core.model import Basis, Measurement, ModelRef, is_int
 from tracker.core.policy import Policy
 from tracker.counting.base import CountingBackend, CountResult, ModelSpec, deadline_scope
+from tracker.counting.counters import content_kind
 from tracker.counting.registry import ModelRegistry
 from tracker.counting.request import CanonicalRequest
 from tracker.errors import (
@@ -56,6 +58,7 @@ __all__ = [
     "run_before_deadline",
     "run_count_task",
     "run_counter",
+    "shape_of",
     "validate_count",
 ]
 
@@ -134,6 +137,17 @@ def validate_count(
         input_limit=input_limit,
         quality=quality,
     )
+
+
+def shape_of(request: CanonicalRequest, at: int | None = None) -> RequestShape:
+    """The request's messages and history digests; the digest through ``at`` messages when it has
+    that many (else no position: a shorter request cannot extend the anchor)."""
+    digests = request.history_digests()
+    n = len(request.messages)
+    kind = content_kind(request)
+    if at is None or not is_int(at) or not 0 <= at <= n:
+        return RequestShape(n, digests[n], content=kind)
+    return RequestShape(n, digests[n], at, digests[at], kind)
 
 
 def as_request(request: Any) -> CanonicalRequest:
@@ -248,6 +262,20 @@ class MeasuringBackend:
             )
             s.set(telemetry.QUALITY, m.quality)
             return m
+
+    def measure_shaped(
+        self,
+        request: dict[str, Any] | CanonicalRequest,
+        *,
+        model: str,
+        basis: Basis | str,
+        policy: Policy,
+        at: int | None = None,
+    ) -> tuple[Measurement, RequestShape]:
+        """``measure``, and the request's shape (:func:`shape_of`) with the digest of its first ``at``
+        messages (the session's anchor's message count; None: no position asked about)."""
+        req = as_request(request)
+        return self.measure(req, model=model, basis=basis, policy=policy), shape_of(req, at)
 
     def _count(self, request: CanonicalRequest, spec: ModelSpec, timeout_s: float) -> Any:  # pragma: no cover
         raise NotImplementedError

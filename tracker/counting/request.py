@@ -243,6 +243,25 @@ class CanonicalRequest:
             object.__setattr__(self, "_fingerprint", cached)
         return cached
 
+    def history_digests(self) -> tuple[str, ...]:
+        """The digests of the request's history, message by message: ``d[0]`` of the system prompt
+        and the tools, ``d[k + 1] = SHA-256(d[k] + canonical JSON of message k)``. Two requests with
+        the same system prompt and tools share ``d[k]`` exactly when their first ``k`` messages are
+        the same (what anchoring a decision on an earlier, billed request needs: behaviour.md)."""
+        cached = self.__dict__.get("_history_digests")
+        if cached is None:
+            head = canonical_json(
+                {"system": [p.to_data() for p in self.system], "tools": [t.to_data() for t in self.tools]}
+            )
+            d = hashlib.sha256(head.encode("utf-8")).hexdigest()
+            out = [d]
+            for m in self.messages:
+                d = hashlib.sha256((d + canonical_json(m.to_data())).encode("utf-8")).hexdigest()
+                out.append(d)
+            cached = tuple(out)
+            object.__setattr__(self, "_history_digests", cached)
+        return cached
+
     # -- views used by counters --------------------------------------------------------------
 
     def all_messages(self) -> tuple[Message, ...]:
