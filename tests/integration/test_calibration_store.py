@@ -139,6 +139,18 @@ def test_an_anchored_session_replays_and_verifies_on_the_store_and_a_tampered_an
             assert verify(again.store)["ok"]
         finally:
             again.close()
+        # `tracker history`: decided against billed per turn, and what each decision was anchored on;
+        # `tracker calibration`: how many reported decisions were anchored, and each kind's factor
+        cli = Cli(clean_env(TRACKER_DATABASE_URL=db_url))
+        history = cli.run("history", "fA:s").stdout
+        billed_5 = run.pairs[5][1]
+        assert f"anchored on r1:m4: billed {run.pairs[4][1]} + " in history, history
+        decided_5 = run.pairs[5][0]
+        assert f"usage r1:m5 billed {billed_5:,} (counted " in history
+        assert f"decided {decided_5:,} = {decided_5 / billed_5:.3f} × billed, anchored)" in history
+        [row] = json.loads(cli.run("calibration", "--json").stdout)
+        assert row["usage_reports"] == run.reports and row["anchored"] == run.reports - 1
+        assert set(row["contents"]) <= {"cjk", "latin", "other_script"}
         # an anchored decision whose estimate of the new messages is not its own rule's: a difference
         good = recorded[-1]
         forged = {**good, "anchor": {**good["anchor"], "estimated_delta": good["anchor"]["estimated_delta"] - 500}}

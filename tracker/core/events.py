@@ -273,7 +273,7 @@ class ContextLimitReached(DomainEvent):
 def upcast_usage_v1_v2(data: dict[str, Any]) -> dict[str, Any]:
     """A ``UsageReported`` recorded before anchoring (schema 1) as schema 2: its request's shape was
     not known (it anchors nothing) and its decision was not anchored."""
-    return {**data, "messages": None, "chain": None, "content": None, "anchored": False, "v": 2}
+    return {**data, "messages": None, "chain": None, "content": None, "anchored": False, "decided_tokens": None, "v": 2}
 
 
 @dataclass(frozen=True)
@@ -285,7 +285,8 @@ class UsageReported(DomainEvent):
     ``messages`` / ``chain`` / ``content`` (schema 2): that request's shape, when its count came
     with one (the report then anchors the session's next decisions, and calibrates its kind of
     content as well as its model); ``anchored``: whether that measurement was
-    decided anchored."""
+    decided anchored; ``decided_tokens``: the count it was decided on (with a shape only), so
+    the log shows decided against billed per turn."""
 
     TYPE: ClassVar[str] = "UsageReported"
     SCHEMA: ClassVar[int] = 2
@@ -303,6 +304,7 @@ class UsageReported(DomainEvent):
     chain: str | None = None
     content: str | None = None
     anchored: bool = False
+    decided_tokens: int | None = None
 
     @property
     def billed_tokens(self) -> int:

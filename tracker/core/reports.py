@@ -138,6 +138,7 @@ def decide_usage(
         chain=m.chain,
         content=m.content,
         anchored=m.anchored,
+        decided_tokens=m.decided_tokens,
     )
     return outcome(state, [event])
 

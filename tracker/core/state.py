@@ -63,12 +63,13 @@ class MeasuredBasis(Record):
     chain: str | None = None
     content: str | None = None
     anchored: bool = False  # the measurement was decided anchored
+    decided_tokens: int | None = None  # the count it was decided on (recorded with the shape)
 
     def to_data(self) -> dict[str, Any]:
         # the anchoring fields only when set (projections written before anchoring have none)
         data = dict(self.__dict__)
         if data["messages"] is None:
-            del data["messages"], data["chain"]
+            del data["messages"], data["chain"], data["decided_tokens"]
         if data["content"] is None:
             del data["content"]
         if not data["anchored"]:
@@ -222,6 +223,7 @@ def _step(d: dict[str, Any], event: ev.DomainEvent) -> None:
                     "chain": None if shape is None else shape.chain,
                     "content": None if shape is None else shape.content,
                     "anchored": e["anchor"] is not None,
+                    "decided_tokens": None if shape is None else used,
                 },
             ),
         )
