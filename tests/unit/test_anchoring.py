@@ -10,13 +10,22 @@ see the figures.
 
 from __future__ import annotations
 
-import dataclasses
 import random
 from typing import Any
 
 import pytest
 
-from tests.support.bench import ANTHROPIC_LIKE, CJK_DOCUMENTS, CODING_AGENT, SimProvider, Workload, session
+from tests.support.bench import (
+    ANTHROPIC_LIKE,
+    CJK_DOCUMENTS,
+    CODING_AGENT,
+    MIXED,
+    SHIFTED,
+    SimProvider,
+    mixed_fleet,
+    resumed,
+    session,
+)
 from tests.support.provider_loop import MODEL, Run, observe_session, tracker
 from tracker.audit.replay import whatif_rows
 from tracker.core import events as ev
@@ -28,42 +37,15 @@ from tracker.errors import InvalidInput
 from tracker.queries import verify
 from tracker.service import Tracker
 
-KINDS: dict[str, Workload] = {"code": CODING_AGENT, "zh": CJK_DOCUMENTS}
-#: the provider after a new snapshot of the model: its tokenizer bills Latin words, capitals and CJK
-#: characters higher (about +10 % on code, +25 % on Chinese)
-SHIFTED = dataclasses.replace(
-    ANTHROPIC_LIKE, name="anthropic-like-2", word_chars=4, caps_chars=2, cjk_num=2, cjk_den=1, per_message=6
-)
+KINDS = MIXED
 
 
 def _fleet(t: Tracker, prefix: str, sim: SimProvider, reports: int, rng: random.Random) -> int:
-    """Sessions of both kinds running at once (one turn each in turn), every turn's usage reported."""
-    live: dict[str, list[Any]] = {}
-    done = n = 0
-    while done < reports:
-        for kind, workload in KINDS.items():
-            if kind not in live or not live[kind][1]:
-                live[kind] = [f"fM:{prefix}-{kind}-{n}", session(rng, workload, rng.randint(6, 30)), 0]
-                n += 1
-            sid, requests, i = live[kind]
-            request = requests.pop(0)
-            assert t.observe(sid, request=request, model=MODEL, basis=f"m{i}").decision.action == "proceed"
-            t.report_usage(sid, basis=f"m{i}", input_tokens=sim.billed(request))
-            live[kind][2] += 1
-            done += 1
-    return done
+    return mixed_fleet(t, f"fM:{prefix}", sim, reports, rng)
 
 
-def _resumed(t: Tracker, sim: SimProvider, label: str, share: float = 0.6) -> dict[str, float]:
-    """Per kind: decided / billed of a session whose first request is already ``share`` of the limit."""
-    out = {}
-    for kind, workload in KINDS.items():
-        requests = session(random.Random(f"resumed:{kind}"), workload, 400)
-        request = next(r for r in requests if sim.billed(r) >= share * 175_424)
-        d = t.observe(f"fM:resumed-{label}-{kind}", request=request, model=MODEL, basis="m1").decision
-        assert d.action == "proceed"
-        out[kind] = d.input_tokens / sim.billed(request)
-    return out
+def _resumed(t: Tracker, sim: SimProvider, label: str) -> dict[str, float]:
+    return resumed(t, sim, f"fM:resumed-{label}", 175_424)
 
 
 def _fresh(t: Tracker, sim: SimProvider, label: str, rng: random.Random, *, report: bool) -> dict[str, Run]:
