@@ -253,3 +253,28 @@ def test_a_shape_is_checked_and_the_rule_is_exact() -> None:
     assert anchor_decision(point, shape, basis_revision=1, **kw) is None  # another revision
     same = anchor_decision(point, shape, basis_revision=2, **kw)
     assert same is not None and same.decided == 7_000  # the billed request itself: its billed count
+
+
+def test_history_digests_name_a_prefix_and_the_kind_of_content_is_read_from_the_characters() -> None:
+    from tracker.counting.backends import shape_of
+    from tracker.counting.counters import content_kind
+    from tracker.counting.request import CanonicalRequest, canonical_json
+
+    def req(*texts: str, system: str = "be brief") -> CanonicalRequest:
+        messages = [{"role": "user" if i % 2 == 0 else "assistant", "content": t} for i, t in enumerate(texts)]
+        return CanonicalRequest.from_dict({"system": system, "messages": messages})
+
+    short, longer = req("a", "b"), req("a", "b", "c", "d")
+    assert longer.history_digests()[:3] == short.history_digests()
+    assert req("a", "x", "c").history_digests()[1] == short.history_digests()[1]
+    assert req("a", "x", "c").history_digests()[2] != short.history_digests()[2]
+    assert req("a", "b", system="other").history_digests()[0] != short.history_digests()[0]
+    # the canonical JSON built from the messages' own is the whole request's, as before
+    assert longer.canonical_json() == canonical_json(longer.to_dict())
+    assert CanonicalRequest().canonical_json() == canonical_json(CanonicalRequest().to_dict())
+    shape = shape_of(longer, 2)
+    assert (shape.messages, shape.at, shape.at_chain) == (4, 2, short.history_digests()[2])
+    assert shape_of(short, 3).at is None  # a shorter request cannot extend a 3-message anchor
+    assert content_kind(req("def f(x):\n    return x + 1")) == "latin"
+    assert content_kind(req("请总结这份文件的要点，并列出三个问题。", "好的。")) == "cjk"
+    assert content_kind(req("Пожалуйста, кратко изложите этот документ.")) == "other_script"

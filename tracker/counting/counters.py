@@ -458,8 +458,10 @@ def heuristic_image_tokens(part: ImagePart, base: int = DEFAULT_IMAGE_BASE, tile
 
 
 _heuristic_memo = memoized(heuristic_text_tokens)
-_cjk_chars = memoized(lambda text: 0 if text.isascii() else len(_CJK.findall(text)))
-_non_ascii_chars = memoized(lambda text: 0 if text.isascii() else len(_NON_ASCII.findall(text)))
+#: a non-ASCII text's CJK and non-ASCII characters, as ``cjk << 32 | non_ascii`` (one memo for both)
+_script_chars = memoized(
+    lambda text: (len(text) - len(_CJK.sub("", text))) << 32 | (len(text) - len(_NON_ASCII.sub("", text)))
+)
 
 
 def _texts(part: Part) -> Iterator[str]:
@@ -482,8 +484,10 @@ def content_kind(request: CanonicalRequest) -> str:
         for part in message.content:
             for text in _texts(part):
                 total += len(text)
-                cjk += _cjk_chars(text)
-                non_ascii += _non_ascii_chars(text)
+                if not text.isascii():
+                    both = _script_chars(text)
+                    cjk += both >> 32
+                    non_ascii += both & 0xFFFFFFFF
     if total and 4 * cjk >= total:
         return "cjk"
     if total and 4 * non_ascii >= total:
