@@ -229,6 +229,10 @@ SessionStateOut = view(
     open_attempts=list[AttemptOut],  # type: ignore[valid-type]  # a model built at import time by view()
     last=LastMeasurementOut | None,
     recent_outcomes=list[list[str]],
+    anchor=(
+        dict[str, Any] | None,
+        Field(None, description="the session's last billed request its decisions are anchored on (absent: none)"),
+    ),
 )
 
 EventOut = view("EventOut", StoredEvent, "One recorded event (``tracker.queries.event_to_dict``).", recorded_at=str)
