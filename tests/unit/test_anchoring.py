@@ -278,3 +278,32 @@ def test_history_digests_name_a_prefix_and_the_kind_of_content_is_read_from_the_
     assert content_kind(req("def f(x):\n    return x + 1")) == "latin"
     assert content_kind(req("请总结这份文件的要点，并列出三个问题。", "好的。")) == "cjk"
     assert content_kind(req("Пожалуйста, кратко изложите этот документ.")) == "other_script"
+
+
+def test_the_ledger_corrects_each_kind_of_content_by_its_own_samples_once_it_has_20() -> None:
+    from tracker.core.calibration import MIN_SAMPLES
+    from tracker.core.ledger import CalibrationLedger
+
+    def usage(counted: int, billed: int, content: str, anchored: bool = False) -> ev.UsageReported:
+        return ev.UsageReported(
+            basis="r1:m1", model=MODEL, quality="heuristic_estimate", counted_tokens=counted,
+            input_tokens=billed, content=content, anchored=anchored,
+        )  # fmt: skip
+
+    ledger = CalibrationLedger()
+    for i in range(MIN_SAMPLES):
+        ledger.fold("f", usage(20_000 + 997 * i, (20_000 + 997 * i) * 76 // 100, "latin", anchored=i > 0), f"s{i}")
+    for i in range(MIN_SAMPLES - 1):
+        ledger.fold("f", usage(20_000 + 991 * i, (20_000 + 991 * i) * 70 // 100, "cjk"), f"c{i}")
+    model = ledger.calibration("f", MODEL, "heuristic_estimate")
+    latin = ledger.calibration("f", MODEL, "heuristic_estimate", "latin")
+    assert model is not None and latin is not None and latin != model
+    # cjk has 19 samples of its own: the model's calibration
+    assert ledger.calibration("f", MODEL, "heuristic_estimate", "cjk") == model
+    ledger.fold("f", usage(60_000, 42_000, "cjk"), "c-last")
+    cjk = ledger.calibration("f", MODEL, "heuristic_estimate", "cjk")
+    assert cjk is not None and cjk.factor < latin.factor
+    assert ledger.calibration("f", MODEL, "exact_local", "cjk") is None  # exact counts are never corrected
+    [row] = ledger.summaries("f")
+    assert row.anchored == MIN_SAMPLES - 1 and [k for k, _, _ in row.contents] == ["cjk", "latin"]
+    assert row.to_data()["contents"]["cjk"]["samples"] == MIN_SAMPLES
