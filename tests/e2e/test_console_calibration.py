@@ -170,6 +170,7 @@ def test_the_session_page_draws_billed_beside_counted_and_marks_the_rejection(pa
 
     account = page.inner_text("#account")
     assert f"The provider billed {TURNS + 3} requests of this session" in account, account
+    assert "decisions were anchored on the session's own billed count" in account, account
     assert (
         f"the provider rejected the request of {seen['rejected_basis']} as too long: {stated:,} > {limit:,}" in account
         and f"the tracker learned a limit of {limit:,} tokens for claude-sonnet-4-5" in account

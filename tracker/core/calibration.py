@@ -64,7 +64,9 @@ The estimate (:func:`estimate`)
     requests differ in ratio by more than the 0.99-1.10 band (sessions entirely in a
     script the counter over-counts differently, beside English code sessions) gets a
     factor that over-counts the lower-ratio requests by more than 10 %, since the margin
-    leans to over-counting.
+    leans to over-counting. That is why the ledger (:mod:`tracker.core.ledger`) keeps an estimate
+    per kind of content as well, and why a session that reports its usage is anchored on its
+    own billed count (:mod:`tracker.core.anchor`).
 
 A billing shift (a new snapshot of the model, its tokenizer changed under it)
     The window of 64 and its medians would take more than 32 reports to follow a change of the
