@@ -307,3 +307,18 @@ def test_the_ledger_corrects_each_kind_of_content_by_its_own_samples_once_it_has
     [row] = ledger.summaries("f")
     assert row.anchored == MIN_SAMPLES - 1 and [k for k, _, _ in row.contents] == ["cjk", "latin"]
     assert row.to_data()["contents"]["cjk"]["samples"] == MIN_SAMPLES
+
+
+def test_cached_tokens_count_as_billed_input_of_the_anchor() -> None:
+    t = tracker()
+    sim = SimProvider(ANTHROPIC_LIKE)
+    requests = session(random.Random("cached"), CODING_AGENT, 8)
+    for i, request in enumerate(requests[:6]):
+        t.observe("fC:s", request=request, model=MODEL, basis=f"m{i}")
+    billed = sim.billed(requests[5])
+    # Anthropic's usage: uncached input, cache read and cache write, added up
+    t.report_usage("fC:s", basis="m5", input_tokens=300, cache_read_tokens=billed - 1_300, cache_write_tokens=1_000)
+    anchor = t.state("fC:s").anchor
+    assert anchor is not None and anchor.billed == billed
+    d = t.observe("fC:s", request=requests[6], model=MODEL, basis="m6").decision
+    assert 0.99 <= d.input_tokens / sim.billed(requests[6]) <= 1.05
