@@ -557,6 +557,19 @@ export interface components {
             counted_tokens: number;
             /** Input Limit */
             input_limit: number;
+            /** Messages */
+            messages?: number | null;
+            /** Chain */
+            chain?: string | null;
+            /** Content */
+            content?: string | null;
+            /**
+             * Anchored
+             * @default false
+             */
+            anchored: boolean;
+            /** Decided Tokens */
+            decided_tokens?: number | null;
         };
         /**
          * MeasurementIn
@@ -900,6 +913,13 @@ export interface components {
             measured: components["schemas"]["MeasuredBasis"][];
             /** Rejected */
             rejected: string[];
+            /**
+             * Anchor
+             * @description the session's last billed request its decisions are anchored on (absent: none)
+             */
+            anchor?: {
+                [key: string]: unknown;
+            } | null;
         };
         /** SessionsOut */
         SessionsOut: {
@@ -975,6 +995,16 @@ export interface components {
             cache_write_tokens: number | null;
             /** At */
             at: number;
+            /** Messages */
+            messages: number | null;
+            /** Chain */
+            chain: string | null;
+            /** Content */
+            content: string | null;
+            /** Anchored */
+            anchored: boolean;
+            /** Decided Tokens */
+            decided_tokens: number | null;
         };
         /** WaitOut */
         WaitOut: {
