@@ -148,6 +148,7 @@ def test_an_anchored_session_replays_and_verifies_on_the_store_and_a_tampered_an
         decided_5 = run.pairs[5][0]
         assert f"usage r1:m5 billed {billed_5:,} (counted " in history
         assert f"decided {decided_5:,} = {decided_5 / billed_5:.3f} × billed, anchored)" in history
+        assert feed_passed(store, "fA:s")  # the ledger reads the global feed (see the first test)
         [row] = json.loads(cli.run("calibration", "--json").stdout)
         assert row["usage_reports"] == run.reports and row["anchored"] == run.reports - 1
         assert set(row["contents"]) <= {"cjk", "latin", "other_script"}

@@ -322,3 +322,20 @@ def test_cached_tokens_count_as_billed_input_of_the_anchor() -> None:
     assert anchor is not None and anchor.billed == billed
     d = t.observe("fC:s", request=requests[6], model=MODEL, basis="m6").decision
     assert 0.99 <= d.input_tokens / sim.billed(requests[6]) <= 1.05
+
+
+def test_a_report_recorded_by_another_process_anchors_this_ones_next_decision() -> None:
+    from tracker.core.state import SessionProjector
+    from tracker.store import MemoryEventStore
+
+    store = MemoryEventStore(projector=SessionProjector())
+    here, there = tracker(store), tracker(store)  # two processes on one log: each has its own cache
+    sim = SimProvider(ANTHROPIC_LIKE)
+    requests = session(random.Random("two-processes"), CJK_DOCUMENTS, 8)
+    for i, request in enumerate(requests[:6]):
+        here.observe("fP:s", request=request, model=MODEL, basis=f"m{i}")
+    there.report_usage("fP:s", basis="m5", input_tokens=sim.billed(requests[5]))
+    d = here.observe("fP:s", request=requests[6], model=MODEL, basis="m6").decision
+    recorded = [e.data for e in here.history("fP:s") if e.type == "ContextMeasured"][-1]
+    assert recorded["anchor"] is not None and recorded["anchor"]["basis"] == "r1:m5"
+    assert 0.99 <= d.input_tokens / sim.billed(requests[6]) <= 1.05

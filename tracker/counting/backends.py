@@ -30,6 +30,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from tracker import telemetry
@@ -58,6 +59,8 @@ __all__ = [
     "run_before_deadline",
     "run_count_task",
     "run_counter",
+    "RequestHistory",
+    "history_of",
     "shape_of",
     "validate_count",
 ]
@@ -139,15 +142,31 @@ def validate_count(
     )
 
 
+@dataclass(frozen=True)
+class RequestHistory:
+    """A counted request's history digests and kind of content: its :class:`RequestShape` at any
+    position, without reading the request again (the position is the anchor's of the state a
+    decision is made on, known only then)."""
+
+    digests: tuple[str, ...]  # d[0] .. d[messages] (CanonicalRequest.history_digests)
+    content: str
+
+    def shape(self, at: int | None = None) -> RequestShape:
+        """The shape, with the digest through ``at`` messages when the request has that many (else
+        no position: a shorter request cannot extend the anchor)."""
+        n = len(self.digests) - 1
+        if at is None or not is_int(at) or not 0 <= at <= n:
+            return RequestShape(n, self.digests[n], content=self.content)
+        return RequestShape(n, self.digests[n], at, self.digests[at], self.content)
+
+
+def history_of(request: CanonicalRequest) -> RequestHistory:
+    return RequestHistory(request.history_digests(), content_kind(request))
+
+
 def shape_of(request: CanonicalRequest, at: int | None = None) -> RequestShape:
-    """The request's messages and history digests; the digest through ``at`` messages when it has
-    that many (else no position: a shorter request cannot extend the anchor)."""
-    digests = request.history_digests()
-    n = len(request.messages)
-    kind = content_kind(request)
-    if at is None or not is_int(at) or not 0 <= at <= n:
-        return RequestShape(n, digests[n], content=kind)
-    return RequestShape(n, digests[n], at, digests[at], kind)
+    """The request's shape (:meth:`RequestHistory.shape`)."""
+    return history_of(request).shape(at)
 
 
 def as_request(request: Any) -> CanonicalRequest:
@@ -263,19 +282,17 @@ class MeasuringBackend:
             s.set(telemetry.QUALITY, m.quality)
             return m
 
-    def measure_shaped(
+    def measure_history(
         self,
         request: dict[str, Any] | CanonicalRequest,
         *,
         model: str,
         basis: Basis | str,
         policy: Policy,
-        at: int | None = None,
-    ) -> tuple[Measurement, RequestShape]:
-        """``measure``, and the request's shape (:func:`shape_of`) with the digest of its first ``at``
-        messages (the session's anchor's message count; None: no position asked about)."""
+    ) -> tuple[Measurement, RequestHistory]:
+        """``measure``, and the request's history (its shape at any position: anchoring)."""
         req = as_request(request)
-        return self.measure(req, model=model, basis=basis, policy=policy), shape_of(req, at)
+        return self.measure(req, model=model, basis=basis, policy=policy), history_of(req)
 
     def _count(self, request: CanonicalRequest, spec: ModelSpec, timeout_s: float) -> Any:  # pragma: no cover
         raise NotImplementedError
