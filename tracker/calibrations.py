@@ -69,7 +69,7 @@ def _catch_up(
                 if folded.get(key):  # folded already, when this process recorded it
                     continue
                 folded.put(key, True)
-            ledger.fold(SessionScope.fleet_of(e.session_id), event_of(e))
+            ledger.fold(SessionScope.fleet_of(e.session_id), event_of(e), e.session_id)
         if batch:
             position = batch[-1].position
         if len(batch) < BATCH:
@@ -115,7 +115,7 @@ class CalibrationBook:
             if self._folded.get(key):
                 return
             self._folded.put(key, True)
-            self._ledger.fold(SessionScope.fleet_of(session_id), event)
+            self._ledger.fold(SessionScope.fleet_of(session_id), event, session_id)
 
     def refresh(self, *, force: bool = False) -> None:
         now = self._clock()
@@ -127,12 +127,15 @@ class CalibrationBook:
             self._position = _catch_up(self.store, self._ledger, self._position, folded=self._folded)
             self._read_at = now
 
-    def for_decision(self, session_id: str, model: str, quality: str) -> tuple[Calibration | None, int | None]:
-        """(calibration, learned limit) for a measurement of ``model`` with ``quality`` in ``session_id``'s fleet."""
+    def for_decision(
+        self, session_id: str, model: str, quality: str, content: str | None = None
+    ) -> tuple[Calibration | None, int | None]:
+        """(calibration, learned limit) for a measurement of ``model`` with ``quality`` (of the kind of
+        content ``content``, when known) in ``session_id``'s fleet."""
         self.refresh()
         fleet = SessionScope.fleet_of(session_id)
         with self._lock:
-            calibration = self._ledger.calibration(fleet, model, quality) if self.enabled else None
+            calibration = self._ledger.calibration(fleet, model, quality, content) if self.enabled else None
             return calibration, self._ledger.learned_limit(fleet, model)
 
     def summaries(self, fleet: str | None = None) -> list[ModelSummary]:

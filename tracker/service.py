@@ -23,7 +23,7 @@ import functools
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from tracker.calibrations import CalibrationBook
 from tracker.coordination import Coordinator, LocalCoordinator
@@ -55,6 +55,9 @@ from tracker.idempotent import recorded_answer, same_request
 from tracker.protocol import TrackerProtocol
 from tracker.recording import SessionWriter
 from tracker.store.base import EventStore, StoredEvent
+
+if TYPE_CHECKING:  # pragma: no cover
+    from tracker.counting.backends import RequestHistory
 
 R = TypeVar("R")
 #: the library's scope: session ids as they are stored, the Tracker's own policy for new sessions
@@ -235,11 +238,15 @@ class Tracker(TrackerProtocol):
         # A bare basis ("msg-41") means "at the session's current revision": it is resolved
         # inside the decision, against the state being decided on (validated by the command).
         raw_basis = c.raw_basis
+        history: RequestHistory | None = None
         if c.measured is not None:
             m = c.measured
         else:
-            m = self._count(c, session_id, default)
-        calibration, learned_limit = self.calibrations.for_decision(session_id, m.model.name, m.quality)
+            m, history = self._count(c, session_id, default)
+        if not self.calibrations.enabled:
+            history = None  # TRACKER_CALIBRATION=off: raw counts, not anchored either
+        content = history.content if history is not None else None
+        calibration, learned_limit = self.calibrations.for_decision(session_id, m.model.name, m.quality, content)
         outcome, version = self._record_opening(
             session_id,
             lambda st, **at: decide_measure(
@@ -249,6 +256,8 @@ class Tracker(TrackerProtocol):
                 **c.per_call(),
                 calibration=calibration,
                 learned_limit=learned_limit,
+                # the request's shape at the anchor's position of the state decided on
+                shape=None if history is None else history.shape(st.anchor.messages if st.anchor else None),
                 **at,
             ),
             key,
@@ -257,19 +266,23 @@ class Tracker(TrackerProtocol):
         )
         return Result(session_id=session_id, version=version, decision=_decision(outcome, session_id))
 
-    def _count(self, c: cmd.Observe, session_id: str, default: Policy) -> Measurement:
-        """Count ``c.request`` under the session's policy (fixed when it started); a count failure is
-        recorded (``CountFailed``), then raised."""
+    def _count(self, c: cmd.Observe, session_id: str, default: Policy) -> tuple[Measurement, RequestHistory | None]:
+        """Count ``c.request`` under the session's policy (fixed when it started), with its history
+        digests when the backend gives them (anchoring); a count failure is recorded
+        (``CountFailed``), then raised."""
         if self.counting is None:
             raise InvalidInput("request", "this tracker has no counting backend; pass measurement=")
         model = c.model
         assert model is not None  # (the command requires it with a request)
         known = self._writer.known(session_id)
         started = time.monotonic()
+        given = dict(model=model, basis=Basis.parse(c.basis, 1), policy=known.policy or default)
+        with_history = getattr(self.counting, "measure_history", None)
         try:
-            return self.counting.measure(
-                c.request, model=model, basis=Basis.parse(c.basis, 1), policy=known.policy or default
-            )
+            if with_history is not None:
+                m, history = with_history(c.request, **given)
+                return m, history
+            return self.counting.measure(c.request, **given), None
         except CountError as exc:
             duration_ms = int((time.monotonic() - started) * 1000)
 

@@ -4,7 +4,8 @@ One ``tracker serve`` on a fresh PostgreSQL database. Fleet alpha's session ``ca
 agent on ``claude-sonnet-4-5`` (counted by the heuristic, no API key): every request is measured
 through the real ``Tracker`` and billed by the simulated provider (tracker/bench/sim_provider.py)
 through ``report_usage``, so after 20 reports its counts are calibrated; then the provider rejects
-one request as too long (its billed count over a limit just under it), the next measurement is
+one request as too long (its billed count over a limit just under it; the turns before it are
+anchored on the one before, whose usage was reported), the next measurement is
 decided against that learned limit and compacts, and the session goes on at r2. ``exact-1`` counts ``gpt-4o``
 exactly and is billed 4 % over every count (drift). Fleet beta has reports of its own on another
 model. The tests read the session page's chart (billed dots beside the used and raw-count lines,
@@ -149,17 +150,27 @@ def test_the_session_page_draws_billed_beside_counted_and_marks_the_rejection(pa
     assert seen["decided"][basis] < seen["counted"][basis]  # the heuristic over-counts; calibration corrects
     assert calibrated["billed"] == f"{seen['billed'][basis]:,}"
     assert float(calibrated["ratio"]) == pytest.approx(seen["billed"][basis] / seen["counted"][basis], abs=0.001)
+    # every turn after the first is anchored on the one before (its usage was reported): decided
+    # against billed per turn, and what the decision rested on
+    anchored = page.inner_text(f"#measurements tr[data-basis='{basis}'] td.anchor")
+    prev = f"r1:m{TURNS - 3}"
+    assert anchored.startswith(f"{prev}: {seen['billed'][prev]:,} billed + "), anchored
+    drift = page.inner_text(f"#measurements tr[data-basis='{basis}'] td.decided-billed")
+    assert float(drift) == pytest.approx(seen["decided"][basis] / seen["billed"][basis], abs=0.001)
+    assert 0.99 <= float(drift) <= 1.05
+    assert page.inner_text("#measurements tr[data-basis='r1:m0'] td.anchor") == ""  # the first: nothing billed yet
     rejected = by_basis[seen["rejected_basis"]]
     assert rejected["cls"] == "provider-rejected"
     assert rejected["provider"] == f"rejected as too long: {stated:,} > {limit:,}; learned limit {limit:,}"
     after = by_basis[f"r1:m{TURNS}"]  # decided against the learned limit: compact
     assert (
         after["billed"] == ""
-        and page.inner_text(f"#measurements tr[data-basis='r1:m{TURNS}'] td:nth-child(9)") == f"{limit:,}"
+        and page.inner_text(f"#measurements tr[data-basis='r1:m{TURNS}'] td:nth-child(10)") == f"{limit:,}"
     )
 
     account = page.inner_text("#account")
     assert f"The provider billed {TURNS + 3} requests of this session" in account, account
+    assert "decisions were anchored on the session's own billed count" in account, account
     assert (
         f"the provider rejected the request of {seen['rejected_basis']} as too long: {stated:,} > {limit:,}" in account
         and f"the tracker learned a limit of {limit:,} tokens for claude-sonnet-4-5" in account

@@ -8,7 +8,7 @@ import json
 import random
 from typing import Any
 
-from tests.support.bench import ANTHROPIC_LIKE, CODING_AGENT, SimProvider, session
+from tests.support.bench import ANTHROPIC_LIKE, CJK_DOCUMENTS, CODING_AGENT, SimProvider, session
 from tests.support.cli import Cli, clean_env
 from tests.support.db import feed_passed
 from tests.support.provider_loop import COUNTING, MODEL, observe_session, train
@@ -111,3 +111,56 @@ def test_verify_reports_a_decision_that_contradicts_its_own_calibration(sqlite_u
     rows = [r for r in cli.lines("replay", "fT:s", "--calibration-from-log", "--json") if r["op"] == "measure"]
     assert rows and all(r["refolded"]["calibration"] == r["whatif"]["calibration"] for r in rows)
     store.close()
+
+
+def test_an_anchored_session_replays_and_verifies_on_the_store_and_a_tampered_anchor_is_a_difference(
+    db_url: str,
+) -> None:
+    migrate.upgrade(db_url)
+    store = _store(db_url)
+    try:
+        t = Tracker(store, counting=COUNTING)
+        sim = SimProvider(ANTHROPIC_LIKE)
+        requests = session(random.Random("anchored-store"), CJK_DOCUMENTS, 40)
+        run = observe_session(t, "fA:s", MODEL, sim, requests, report=True)
+        recorded = [e.data for e in t.history("fA:s") if e.type == "ContextMeasured"]
+        assert [m["input_tokens"] for m in recorded] == [d for d, _ in run.pairs]
+        assert all(m["anchor"] is not None for m in recorded[1:])
+        live_state = t.state("fA:s")
+        assert live_state.anchor is not None
+        # a fresh process: the projection read back equals the fold, the replay the live decisions
+        again = Tracker(_store(db_url))
+        try:
+            assert again.state("fA:s") == live_state
+            rows = [r for r in whatif_rows(again.history("fA:s"), again.policy, "fA:s") if r["op"] == "measure"]
+            assert not any(r["changed"] for r in rows)
+            assert [r["whatif"].get("anchor") for r in rows] == [m["anchor"] for m in recorded]
+            assert [r["whatif"].get("input_tokens") for r in rows[1:]] == [m["input_tokens"] for m in recorded[1:]]
+            assert verify(again.store)["ok"]
+        finally:
+            again.close()
+        # `tracker history`: decided against billed per turn, and what each decision was anchored on;
+        # `tracker calibration`: how many reported decisions were anchored, and each kind's factor
+        cli = Cli(clean_env(TRACKER_DATABASE_URL=db_url))
+        history = cli.run("history", "fA:s").stdout
+        billed_5 = run.pairs[5][1]
+        assert f"anchored on r1:m4: billed {run.pairs[4][1]} + " in history, history
+        decided_5 = run.pairs[5][0]
+        assert f"usage r1:m5 billed {billed_5:,} (counted " in history
+        assert f"decided {decided_5:,} = {decided_5 / billed_5:.3f} × billed, anchored)" in history
+        assert feed_passed(store, "fA:s")  # the ledger reads the global feed (see the first test)
+        [row] = json.loads(cli.run("calibration", "--json").stdout)
+        assert row["usage_reports"] == run.reports and row["anchored"] == run.reports - 1
+        assert set(row["contents"]) <= {"cjk", "latin", "other_script"}
+        # an anchored decision whose estimate of the new messages is not its own rule's: a difference
+        good = recorded[-1]
+        forged = {**good, "anchor": {**good["anchor"], "estimated_delta": good["anchor"]["estimated_delta"] - 500}}
+        forged["input_tokens"] -= 500
+        started = next(e for e in t.history("fA:s") if e.type == "SessionStarted")
+        store.append("fA:forged", 0, [NewEvent("SessionStarted", started.data), NewEvent("ContextMeasured", forged)])
+        report = verify(store)
+        assert [(d["session_id"], d["field"]) for d in report["differences"]] == [
+            ("fA:forged", "anchor.estimated_delta")
+        ]
+    finally:
+        store.close()

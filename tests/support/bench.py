@@ -9,7 +9,7 @@ tests/e2e/test_bench.py, which tests the bench).
 from __future__ import annotations
 
 # ruff: noqa: F401 - re-exported for the tests
-from tracker.bench.calibration import BAND_FROM, CASES, SIM_MODELS
+from tracker.bench.calibration import BAND_FROM, CASES, MIXED, SHIFTED, SIM_MODELS, mixed_fleet, resumed
 from tracker.bench.console import build_session
 from tracker.bench.procs import (
     WorkerProcess,
@@ -23,6 +23,7 @@ from tracker.bench.procs import (
 )
 from tracker.bench.sim_provider import (
     ANTHROPIC_LIKE,
+    CJK_DOCUMENTS,
     CODING_AGENT,
     GEMINI_LIKE,
     MULTILINGUAL_ASSISTANT,

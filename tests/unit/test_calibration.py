@@ -467,3 +467,63 @@ def test_the_float_keyed_median_is_the_exact_median(values: list[Fraction]) -> N
     big = 10**30
     close = [Fraction(big + 1, big), Fraction(big + 2, big), Fraction(big, big), Fraction(big + 3, big)]
     assert _median_of(close) == _median(sorted(close))
+
+
+# -- a billing shift -------------------------------------------------------------------------
+
+
+def _billed(rng: random.Random, counted: int, ratio: Fraction) -> int:
+    return int(counted * ratio) + 300 + rng.randint(-200, 200)
+
+
+def _reports(rng: random.Random, n: int, ratio: Fraction, sessions: int, start: int = 0) -> list[CalibrationSample]:
+    out = []
+    for i in range(n):
+        counted = rng.randint(4_000, 120_000)
+        out.append(CalibrationSample(counted, _billed(rng, counted, ratio), f"s{(start + i) % sessions}"))
+    return out
+
+
+@pytest.mark.parametrize("after", [Fraction(85, 100), Fraction(60, 100)], ids=["up", "down"])
+def test_a_billing_shift_seen_by_several_sessions_restarts_the_estimate_from_the_shift(after: Fraction) -> None:
+    from tracker.core.calibration import SHIFT_RUN, since_shift
+
+    rng = random.Random(f"shift:{after}")
+    before = _reports(rng, WINDOW, Fraction(72, 100), 5)
+    old = estimate(before)
+    assert old is not None
+    shifted = _reports(rng, 30, after, 5)
+    state = CalibrationState()
+    for s in before:
+        state = state.fold(s)
+    seen = []
+    for i, s in enumerate(shifted, 1):
+        state = state.fold(s)
+        seen.append((i, len(since_shift(state.recent, MIN_SAMPLES)), state.calibration))
+    # found within SHIFT_RUN + a few reports: the estimate then uses only the samples since the shift
+    first = next(i for i, n, _ in seen if n < WINDOW)
+    assert first <= SHIFT_RUN + 2
+    assert all(c is None for i, n, c in seen if first <= i < MIN_SAMPLES)  # raw counts meanwhile (they over-count)
+    fresh = estimate(shifted[-MIN_SAMPLES:])
+    i, n, final = seen[-1]
+    assert n == 30 and final == estimate(shifted)  # 30 reports after: the estimate of those alone
+    assert fresh is not None and final is not None and abs(final.factor - fresh.factor) < Fraction(3, 100)
+    assert state.shifted
+
+
+def test_one_sessions_run_of_reports_or_reports_without_a_session_never_make_a_shift() -> None:
+    rng = random.Random("no-shift")
+    before = _reports(rng, WINDOW, Fraction(72, 100), 5)
+    one_session = [CalibrationSample(s.counted, s.billed, "s-long") for s in _reports(rng, 20, Fraction(85, 100), 1)]
+    anonymous = [CalibrationSample(s.counted, s.billed) for s in _reports(rng, 20, Fraction(85, 100), 1)]
+    for run in (one_session, anonymous):
+        state = CalibrationState()
+        for s in before + run:
+            state = state.fold(s)
+        assert not state.shifted
+        assert state.calibration == estimate(before + run) and state.calibration is not None
+    # honest reports from many sessions at a steady ratio: no shift either
+    steady = CalibrationState()
+    for s in before + _reports(rng, 40, Fraction(72, 100), 7):
+        steady = steady.fold(s)
+    assert not steady.shifted

@@ -115,7 +115,9 @@ def test_an_old_measurement_event_folds_as_uncalibrated():
     assert isinstance(e, ev.ContextMeasured) and (e.decided_tokens, e.decided_limit) == (50_000, L)
     # upcast_v1_v2: decided on the raw count against the measured limit, uncalibrated, not rejected
     assert (e.input_tokens, e.input_limit, e.calibration, e.rejected) == (50_000, L, None, False)
-    assert e.to_data()["v"] == 2 and ev.ContextMeasured.from_data(e.to_data()) == e
+    # upcast_v2_v3: no request shape known, not anchored
+    assert (e.shape, e.anchor) == (None, None)
+    assert e.to_data()["v"] == 3 and ev.ContextMeasured.from_data(e.to_data()) == e
     state = fold([e], "s")
     assert state.last is not None and state.last.input_tokens == 50_000
     assert state.measured_basis("r1:m1") is not None

@@ -223,6 +223,7 @@ class StoryBuilder:
                 e.decided_limit,
                 None if cal is None else cal.factor_bp / 10_000,
                 e.action,
+                anchor=e.anchor,
             )
             if len(self.rows) == self.rows.maxlen:
                 gone = self.rows[0]

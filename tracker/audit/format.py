@@ -31,8 +31,17 @@ def summary(event: ev.DomainEvent | Unrecognised) -> str:
                 + (" (provider rejected this basis)" if event.rejected else "")
             )
         case ev.UsageReported():
-            return f"usage {event.basis} billed {event.billed_tokens:,} (counted {event.counted_tokens:,})" + (
-                f", {event.output_tokens:,} out" if event.output_tokens is not None else ""
+            decided = event.decided_tokens
+            return (
+                f"usage {event.basis} billed {event.billed_tokens:,} (counted {event.counted_tokens:,}"
+                + (
+                    f", decided {decided:,} = {decided / event.billed_tokens:.3f} × billed"
+                    if decided is not None and event.billed_tokens
+                    else ""
+                )
+                + (", anchored" if event.anchored else "")
+                + ")"
+                + (f", {event.output_tokens:,} out" if event.output_tokens is not None else "")
             )
         case ev.ProviderRejected():
             if event.input_tokens is not None and event.input_limit is not None:
@@ -99,6 +108,9 @@ def _measured(event: ev.ContextMeasured) -> str:
         notes.append(f"counted {raw}")
     if decided_limit != limit:
         notes.append(f"learned limit, measured {limit}")
+    a = event.anchor
+    if a is not None:
+        notes.append(f"anchored on {a.basis}: billed {a.billed} + {a.estimated_delta} new")
     return text + (f" ({', '.join(notes)})" if notes else "")
 
 

@@ -11,6 +11,7 @@ from fractions import Fraction
 
 from tracker.core import SessionState
 from tracker.core import events as ev
+from tracker.core.anchor import Anchor
 from tracker.core.calibration import drifted
 from tracker.core.ledger import kind_of
 from tracker.core.model import Basis
@@ -186,6 +187,12 @@ class MeasuredRow:
     action: str
     billed: int | None = None  # the provider's billed input for this request (its usage report)
     rejection: Rejection | None = None
+    anchor: Anchor | None = None  # what an anchored decision rested on (the session's billed count)
+
+    @property
+    def decided_over_billed(self) -> float | None:
+        """decided on ÷ billed: how far the decision was from the provider's own count (per turn)."""
+        return None if not self.billed else self.decided / self.billed
 
     @property
     def ratio(self) -> float | None:

@@ -22,6 +22,7 @@ from tracker.core.events import (
     CompactionStarted,
     ContextMeasured,
     ProviderRejected,
+    UsageReported,
 )
 from tracker.core.ledger import CalibrationLedger
 from tracker.core.model import SessionScope
@@ -59,8 +60,9 @@ def whatif_rows(
     """Re-decide the recorded measurements under ``policy``; one row per recorded operation.
 
     Each measurement is re-decided on its raw count with the calibration and the learned limit its
-    decision recorded, and each provider rejection is replayed, so under the recorded policy every
-    action is the recorded one. ``uncalibrated``: a second run beside it on the raw counts alone
+    decision recorded (and the request shape it was counted with), and each usage report and
+    provider rejection is replayed (a usage report anchors the decisions after it, as live), so
+    under the recorded policy every action and count is the recorded one. ``uncalibrated``: a second run beside it on the raw counts alone
     (no factor; rejections and learned limits still apply, as with ``TRACKER_CALIBRATION=off``),
     in ``row["uncalibrated"]``. ``reports``: the log's provider reports in global order
     (``read_all(types=PROVIDER_REPORTS)``): a third run, in ``row["refolded"]``, decides each
@@ -88,6 +90,10 @@ def whatif_rows(
                     op["calibration"] = event.calibration.to_data()
                 if event.decided_limit < m.input_limit:
                     op["learned_limit"] = event.decided_limit
+                if event.shape is not None:
+                    op["shape"] = event.shape.to_data()
+            case UsageReported():
+                op = {"op": "usage", "basis": event.basis, "input_tokens": event.billed_tokens, "at": event.at}
             case ProviderRejected():
                 op = {"op": "rejection", "basis": Basis.parse(event.basis).through, "at": event.at}
             case CompactionCommitted():
@@ -128,12 +134,13 @@ class _Refold:
     def step(self, e: StoredEvent, event: Any, op: dict[str, Any]) -> dict[str, Any]:
         while self.pending is not None and self.pending.position < e.position:
             r = self.pending
-            self.ledger.fold(SessionScope.fleet_of(r.session_id), event_of(r))
+            self.ledger.fold(SessionScope.fleet_of(r.session_id), event_of(r), r.session_id)
             self.pending = next(self.reports, None)
         if isinstance(event, ContextMeasured):
             m = event.measurement
             fleet, name = SessionScope.fleet_of(e.session_id), m.model.name
-            calibration = self.ledger.calibration(fleet, name, m.quality)
+            content = event.shape.content if event.shape is not None else None
+            calibration = self.ledger.calibration(fleet, name, m.quality, content)
             learned = self.ledger.learned_limit(fleet, name)
             op = {k: v for k, v in op.items() if k not in ("calibration", "learned_limit")}
             if calibration is not None:

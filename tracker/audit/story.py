@@ -250,6 +250,14 @@ def provider_lines(s: Story) -> list[str]:
                 f"{last.decided:,} (factor {last.factor:.4f})"
             )
         out.append(line + ".")
+        anchored = [r for r in s.measured_rows if r.anchor is not None]
+        if anchored:
+            close = sorted(x for x in (r.decided_over_billed for r in anchored) if x is not None)
+            out.append(
+                f"{_n(len(anchored))} of the newest {_n(len(s.measured_rows))} decisions were anchored on the"
+                " session's own billed count (the last billed request they extend, plus an estimate of the new"
+                " messages)" + (f": decided ÷ billed {close[0]:.3f}–{close[-1]:.3f}" if close else "") + "."
+            )
     for rej in s.rejections[-3:]:
         learned = (
             f"; the tracker learned a limit of {rej.learned_limit:,} tokens for {rej.model}"

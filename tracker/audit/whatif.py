@@ -7,6 +7,11 @@ Input ops (one JSON object per line):
         calibration ({"factor_bp": 7400, "intercept": 300, "samples": 20}: applied to a count of
         quality heuristic_estimate, as live), counted_tokens (the counter's raw count; the same as
         input_tokens, either may be given), learned_limit (a lower limit learned from a rejection)
+        shape ({"messages": 12, "chain": "<sha256>", "at": 10, "at_chain": "<sha256>"}: the counted
+        request's history digests; a measure that extends the session's last billed request is
+        decided anchored on it, as live)
+    {"op": "usage", "basis": "b2", "input_tokens": 61234}   what the provider billed for that
+        basis (input + cache tokens): with a shape, it anchors the next decisions
     {"op": "rejection", "basis": "b2"}             the provider refused that basis: it decides at
         the hard limit from then on (optional: input_tokens, input_limit, the provider's numbers)
     {"op": "commit", "tokens_after": 40}          acts on the open attempt, automatic first
@@ -40,13 +45,15 @@ from tracker.core import (
     decide_measure,
     decide_reject,
 )
+from tracker.core.anchor import RequestShape
 from tracker.core.calibration import Calibration
+from tracker.core.events import ContextMeasured
 from tracker.core.model import is_int
 from tracker.core.outcome import Outcome
-from tracker.core.reports import decide_rejection
+from tracker.core.reports import decide_rejection, decide_usage
 from tracker.errors import InvalidInput, TrackerError
 
-OPS = ("measure", "commit", "reject", "manual", "rejection")
+OPS = ("measure", "commit", "reject", "manual", "rejection", "usage")
 MEASURE_KEYS = {
     "op",
     "basis",
@@ -63,6 +70,7 @@ MEASURE_KEYS = {
     "calibration",
     "counted_tokens",
     "learned_limit",
+    "shape",
 }
 
 
@@ -147,6 +155,11 @@ class WhatIf:
                 now=now,
             )
             return outcome, {"ok": True, "rejected": str(outcome.events[-1].basis)}  # type: ignore[attr-defined]
+        if kind == "usage":
+            if "basis" not in op:
+                raise InvalidInput("basis", "is required for usage")
+            outcome = decide_usage(self.state, basis=op["basis"], input_tokens=op.get("input_tokens"), now=now)
+            return outcome, {"ok": True, "reported": str(outcome.events[-1].basis)}  # type: ignore[attr-defined]
         if kind == "manual":
             outcome = decide_manual(self.state, self.policy, now=now, new_attempt_id=self._next_attempt_id())
             if outcome.error is not None:
@@ -204,6 +217,7 @@ class WhatIf:
             if key not in op:
                 raise InvalidInput(key, "is required for measure")
         calibration = Calibration.from_data(op["calibration"]) if op.get("calibration") is not None else None
+        shape = RequestShape.from_data(op["shape"]) if op.get("shape") is not None else None
         learned = op.get("learned_limit")
         if learned is not None and (not is_int(learned) or learned <= 0):
             raise InvalidInput("learned_limit", f"must be a positive integer, got {str(learned)[:40]!r}")
@@ -230,6 +244,7 @@ class WhatIf:
             overhead_tokens=op.get("overhead_tokens"),
             calibration=calibration if self.calibrated else None,
             learned_limit=learned,
+            shape=shape if self.calibrated else None,
         )
         d = outcome.decision
         if d is None:  # refused (stale basis, quality): recorded live, reported here
@@ -246,11 +261,14 @@ class WhatIf:
             "rearm_level": d.rearm_level,
             "attempt_id": d.attempt.attempt_id if d.attempt else None,
         }
-        if d.calibration is not None or learned is not None or d.rejected:
+        anchor = next(e for e in outcome.events if isinstance(e, ContextMeasured)).anchor
+        if d.calibration is not None or learned is not None or d.rejected or anchor is not None:
             # the count and limit decided on, when they are not the line's own
             out["input_tokens"], out["input_limit"] = d.input_tokens, d.input_limit
         if d.calibration is not None:
             out["calibration"] = d.calibration
+        if anchor is not None:
+            out["anchor"] = anchor.to_data()
         if d.rejected:
             out["rejected"] = True
         if d.attempt:

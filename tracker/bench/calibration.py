@@ -11,6 +11,14 @@ session grows turn by turn until its decided count reaches the compact level. Fi
   the fresh session up to its compaction;
 * ``catch_up_ms_per_1000_reports``: ``ledger_of`` reading and folding a log of provider
   reports interleaved with measurements (Postgres, a scratch database; the partial index);
+* ``mixed_fleet``: one heuristic-counted model serving coding sessions and sessions over Chinese
+  documents at once (the heuristic over-counts the two by different factors), every turn reported:
+  after 140 reports, where a fresh session of each kind compacts (billed / limit) and its
+  decided / billed past a fifth of the limit, decided by the calibration alone (no reports of its
+  own: per kind of content, else per model) and anchored on its own billed count (reports every
+  turn); a resumed session's first decision (its first request already 0.6 of the limit); and the
+  same after the provider's billing changes under the model (``SHIFTED``: just after it, anchored;
+  a resumed session at the shift and 30 reports after it);
 * ``estimate_ms``: one estimate of a full window (paid once per new report, when the next
   decision asks); ``apply_us``: the correction of one count; ``decide_us`` /
   ``decide_calibrated_us``: one pure decision without / with a calibration.
@@ -18,6 +26,7 @@ session grows turn by turn until its decided count reaches the compact level. Fi
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import statistics
 import time
@@ -25,6 +34,7 @@ from typing import Any
 
 from tracker.bench.sim_provider import (
     ANTHROPIC_LIKE,
+    CJK_DOCUMENTS,
     CODING_AGENT,
     GEMINI_LIKE,
     MULTILINGUAL_ASSISTANT,
@@ -113,6 +123,104 @@ def _case(registry: ModelRegistry, model: str, profile: Profile, workload: Workl
     }
 
 
+#: the mixed fleet's two kinds of session
+MIXED: dict[str, Workload] = {"code": CODING_AGENT, "zh": CJK_DOCUMENTS}
+#: the provider after a new snapshot of the model: its tokenizer bills Latin words, capitals and CJK
+#: characters higher (about +10 % on code, +25 % on Chinese)
+SHIFTED = dataclasses.replace(
+    ANTHROPIC_LIKE, name="anthropic-like-2", word_chars=4, caps_chars=2, cjk_num=2, cjk_den=1, per_message=6
+)
+MIXED_MODEL = "claude-sonnet-4-5"
+
+
+def mixed_fleet(t: Any, prefix: str, sim: SimProvider, reports: int, rng: random.Random) -> int:
+    """Sessions of both kinds running at once (one turn each in turn), every turn's usage reported;
+    ``prefix``: the stored ids' (``fleet:name``). ``t``: a ``Tracker``."""
+    live: dict[str, list[Any]] = {}
+    done = n = 0
+    while done < reports:
+        for kind, workload in MIXED.items():
+            if kind not in live or not live[kind][1]:
+                live[kind] = [f"{prefix}-{kind}-{n}", session(rng, workload, rng.randint(6, 30)), 0]
+                n += 1
+            sid, requests, i = live[kind]
+            request = requests.pop(0)
+            action = t.observe(sid, request=request, model=MIXED_MODEL, basis=f"m{i}").decision.action
+            assert action == "proceed", action
+            t.report_usage(sid, basis=f"m{i}", input_tokens=sim.billed(request))
+            live[kind][2] += 1
+            done += 1
+    return done
+
+
+def resumed(t: Any, sim: SimProvider, prefix: str, limit: int, share: float = 0.6) -> dict[str, float]:
+    """Per kind: decided / billed of a new session whose first request is already ``share`` of the limit."""
+    out = {}
+    for kind, workload in MIXED.items():
+        requests = session(random.Random(f"resumed:{kind}"), workload, 400)
+        request = next(r for r in requests if sim.billed(r) >= share * limit)
+        d = t.observe(f"{prefix}-{kind}", request=request, model=MIXED_MODEL, basis="m1").decision
+        out[kind] = d.input_tokens / sim.billed(request)
+    return out
+
+
+def _mixed_fleet() -> dict[str, Any]:
+    from tracker.core.state import SessionProjector
+    from tracker.counting.backends import InProcessCounting
+    from tracker.service import Tracker
+    from tracker.store import MemoryEventStore
+
+    t = Tracker(MemoryEventStore(projector=SessionProjector()), counting=InProcessCounting(ModelRegistry.load()))
+    rng = random.Random("bench:mixed")
+    sim = SimProvider(ANTHROPIC_LIKE)
+    mixed_fleet(t, "fM:train", sim, 140, rng)
+    probe = t.observe("fM:probe", request=session(rng, CODING_AGENT, 1)[0], model=MIXED_MODEL, basis="m0")
+    input_limit = probe.decision.input_limit
+
+    def run(label: str, provider: SimProvider, report: bool) -> dict[str, Any]:
+        out = {}
+        for kind, workload in MIXED.items():
+            sid = f"fM:{label}-{kind}"
+            over = 0
+            ratios: list[float] = []
+            for i, request in enumerate(session(rng, workload, 400)):
+                d = t.observe(sid, request=request, model=MIXED_MODEL, basis=f"m{i}").decision
+                billed = provider.billed(request)
+                if billed >= BAND_FROM * input_limit:
+                    ratios.append(d.input_tokens / billed)
+                if d.action == "compact":
+                    out[kind] = {
+                        "compaction_point": round(billed / input_limit, 3),
+                        "decided_over_billed": [round(min(ratios), 3), round(max(ratios), 3)],
+                        "let_through_over_the_limit": over,
+                    }
+                    break
+                over += billed >= input_limit
+                if report:
+                    t.report_usage(sid, basis=f"m{i}", input_tokens=billed)
+        return out
+
+    row = t.calibration("fM")[0]
+    figures: dict[str, Any] = {
+        "factors_bp": {
+            "model": row.calibration.factor_bp if row.calibration else None,
+            **{k: c.factor_bp if c else None for k, c, _ in row.contents},
+        },
+        "calibrated_only": run("calibrated", sim, report=False),
+        "anchored": run("anchored", sim, report=True),
+        "resumed": {k: round(v, 3) for k, v in resumed(t, sim, "fM:resumed", input_limit).items()},
+    }
+    shifted = SimProvider(SHIFTED)
+    at_shift = resumed(t, shifted, "fM:resumed-at-shift", input_limit)
+    figures["after_shift_anchored"] = run("after-shift", shifted, report=True)
+    mixed_fleet(t, "fM:post-shift", shifted, 30, rng)
+    figures["resumed_at_shift"] = {k: round(v, 3) for k, v in at_shift.items()}
+    figures["resumed_30_reports_after"] = {
+        k: round(v, 3) for k, v in resumed(t, shifted, "fM:resumed-after", input_limit).items()
+    }
+    return figures
+
+
 def _catch_up(pg_url: str, reports: int) -> float:
     """ms per 1000 provider reports for ``ledger_of`` over a log of reports and as many measurements."""
     from tracker.bench.procs import create_scratch_db, drop_scratch_db
@@ -197,6 +305,7 @@ def run_calibration_bench(pg_url: str, quick: bool = False) -> dict[str, Any]:
     }
     return {
         **cases,
+        "mixed_fleet": _mixed_fleet(),
         "catch_up_ms_per_1000_reports": _catch_up(pg_url, 1000 if quick else 10_000),
         **_costs(),
         "elapsed_s": round(time.perf_counter() - t0, 1),

@@ -428,6 +428,14 @@ MULTILINGUAL_ASSISTANT = Workload(
     "You are a helpful assistant. Answer in the language of the question.",
 )
 
+#: sessions over Chinese documents: the user pastes documents and asks about them (a fleet mixing
+#: these with coding sessions under one model is where one factor per model cannot fit both)
+CJK_DOCUMENTS = Workload(
+    "Chinese documents",
+    {"zh": 6, "prose": 1},
+    "You answer questions about the user's documents, in the language they are written in.",
+)
+
 
 def session(rng: random.Random, workload: Workload, turns: int) -> list[CanonicalRequest]:
     """A growing conversation: the request sent at each turn (every request includes the whole history)."""

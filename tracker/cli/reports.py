@@ -161,7 +161,8 @@ def calibration(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """What the provider's reports taught, per fleet, model and counter kind: samples, median and p90 of
-    billed / counted, the factor decisions use, drift of exact counters, the learned limit."""
+    billed / counted, the factor decisions use (and each kind of content's), how many reported decisions
+    were anchored on the session's own billed count, drift of exact counters, the learned limit."""
     from tracker.calibrations import ledger_of
 
     with storage_open(as_json, read=True) as db:
@@ -174,17 +175,19 @@ def calibration(
     def table(_: Any) -> None:
         def cells(r: ModelSummary) -> tuple[Any, ...]:
             factor = "" if r.calibration is None else _ratio(r.calibration.factor)
+            per_kind = ", ".join(f"{k} {_ratio(c.factor) if c else '-'}" for k, c, _ in r.contents)
             drift = _ratio(r.drift)
             return (
                 names.get(r.fleet, r.fleet or "(none)"),
                 r.model,
                 r.kind,
                 str(r.usage_reports),
+                str(r.anchored) if r.kind == "estimate" else "",
                 str(r.rejections),
                 str(r.samples) + (f" (+{r.ignored} ignored)" if r.ignored else ""),
                 _ratio(r.median),
                 _ratio(r.p90),
-                factor,
+                factor + (f" ({per_kind})" if per_kind else ""),
                 styled(f"{drift} drifted", "bold red") if r.drifted else drift,
                 "" if r.learned_limit is None else f"{r.learned_limit:,}",
             )
@@ -201,11 +204,12 @@ def calibration(
                 "model",
                 "counter",
                 "usage reports",
+                "anchored",
                 "rejections",
                 "samples",
                 "median billed/counted",
                 "p90",
-                "factor in use",
+                "factor in use (per kind)",
                 "drift",
                 "learned limit",
             ),

@@ -64,7 +64,22 @@ The estimate (:func:`estimate`)
     requests differ in ratio by more than the 0.99-1.10 band (sessions entirely in a
     script the counter over-counts differently, beside English code sessions) gets a
     factor that over-counts the lower-ratio requests by more than 10 %, since the margin
-    leans to over-counting.
+    leans to over-counting. That is why the ledger (:mod:`tracker.core.ledger`) keeps an estimate
+    per kind of content as well, and why a session that reports its usage is anchored on its
+    own billed count (:mod:`tracker.core.anchor`).
+
+A billing shift (a new snapshot of the model, its tokenizer changed under it)
+    The window of 64 and its medians would take more than 32 reports to follow a change of the
+    provider's billing. So the estimate first looks for one: the *reference* is the estimate of
+    the window's oldest ``min_samples`` samples; when the newest of at least ``SHIFT_RUN`` (10) samples, from
+    at least ``SHIFT_SOURCES`` (2) sessions, lie beyond it on one side (4 in 5 of them) -- each billed above
+    the count the reference decides (it under-counts them), or each decided more than
+    ``SHIFT_OVER`` (12 %) over billed -- the provider's billing changed: the estimate uses only
+    the samples since the shift (the longest run of the newest samples, starting with one beyond
+    the reference, of which at least ``SHIFT_SHARE`` (4/5) are beyond it on that side), and none (the raw counts, which over-count) until there are ``min_samples`` of
+    them. One session's run of reports is never a shift (its content is not the fleet's), and
+    samples without a session (``source``) never make one. So a shift is followed within
+    ``min_samples`` + a few reports; an anchored session follows it at once (``tracker.core.anchor``).
 
 Drift of exact counters (:func:`drift`)
     For an exact counter the billed count should equal the count: ``drift`` is the median
@@ -82,7 +97,7 @@ Incremental form (:class:`CalibrationState`)
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 from functools import cached_property
 from typing import Any
@@ -104,6 +119,9 @@ __all__ = [
     "MIN_SAMPLES",
     "PLAUSIBLE_MAX",
     "PLAUSIBLE_MIN",
+    "SHIFT_OVER",
+    "SHIFT_RUN",
+    "SHIFT_SOURCES",
     "WINDOW",
     "Calibration",
     "CalibrationSample",
@@ -136,6 +154,13 @@ INTERCEPT_MAX = 2 * MIN_COUNTED
 #: factor = median + max(MAD_MULTIPLIER x MAD, MIN_MARGIN x median) (before rounding and bounds)
 MAD_MULTIPLIER = 3
 MIN_MARGIN = Fraction(3, 100)
+#: a billing shift: the newest SHIFT_RUN samples, from at least SHIFT_SOURCES sessions, all beyond the
+#: reference on one side (under-counted, or over-counted by more than SHIFT_OVER)
+SHIFT_RUN = 10
+SHIFT_SOURCES = 2
+SHIFT_OVER = 4 * MIN_MARGIN
+#: the share of the samples since a shift that must be beyond the reference
+SHIFT_SHARE = Fraction(4, 5)
 #: an exact counter whose median billed/counted is further than this from 1 has drifted
 DRIFT_THRESHOLD = Fraction(2, 100)
 #: usable samples needed before drift is judged
@@ -158,6 +183,8 @@ class CalibrationSample:
 
     counted: int
     billed: int
+    #: the session that reported it ("" when unknown): a billing shift is seen by several sessions
+    source: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
         _count("counted", self.counted, positive=True)
@@ -349,7 +376,47 @@ def _affine_fit(recent: Sequence[CalibrationSample]) -> tuple[Fraction, Fraction
     return slope, intercept
 
 
+def _beyond(s: CalibrationSample, reference: Calibration) -> int:
+    """+1: the reference under-counts the sample; -1: it over-counts it by more than SHIFT_OVER; else 0."""
+    decided = apply(s.counted, reference)
+    if s.billed > decided:
+        return 1
+    over = 1 + SHIFT_OVER
+    if decided * over.denominator > s.billed * over.numerator:
+        return -1
+    return 0
+
+
+def since_shift(recent: Sequence[CalibrationSample], min_samples: int) -> Sequence[CalibrationSample]:
+    """The samples since a billing shift (the module docstring), or ``recent`` when there was none."""
+    if len(recent) < min_samples + SHIFT_RUN:
+        return recent
+    if len({s.source for s in recent[-SHIFT_RUN:] if s.source}) < SHIFT_SOURCES:
+        return recent
+    reference = _fit(recent[:min_samples], min_samples)
+    if reference is None:
+        return recent
+    side = _beyond(recent[-1], reference)
+    if side == 0:
+        return recent
+    # the longest run of the newest samples at least SHIFT_SHARE of which are beyond on that side
+    # (a sample near the old fit now and then does not hide a shift), starting with one beyond
+    start, beyond = None, 0
+    for i in range(len(recent) - 1, min_samples - 1, -1):
+        hit = _beyond(recent[i], reference) == side
+        beyond += hit
+        if hit and beyond * SHIFT_SHARE.denominator >= (len(recent) - i) * SHIFT_SHARE.numerator:
+            start = i
+    if start is None or len(recent) - start < SHIFT_RUN:
+        return recent
+    return recent[start:]
+
+
 def _estimate_recent(recent: Sequence[CalibrationSample], min_samples: int) -> Calibration | None:
+    return _fit(since_shift(recent, min_samples), min_samples)
+
+
+def _fit(recent: Sequence[CalibrationSample], min_samples: int) -> Calibration | None:
     if len(recent) < min_samples:
         return None
     ratios = [s.ratio for s in recent]
@@ -440,10 +507,20 @@ class CalibrationState:
             raise InvalidInput("recent", f"must hold at most {self.window} usable samples")
 
     @cached_property
+    def since_shift(self) -> Sequence[CalibrationSample]:
+        """The samples the estimate uses: ``recent``, or those since a billing shift in it."""
+        return since_shift(self.recent, self.min_samples)
+
+    @property
+    def shifted(self) -> bool:
+        """Whether the window holds a billing shift (the estimate uses only the samples since)."""
+        return len(self.since_shift) < len(self.recent)
+
+    @cached_property
     def calibration(self) -> Calibration | None:
         """The estimate of ``recent`` (computed once, when first asked: a catch-up folding many
         reports pays for one estimate, not one per report)."""
-        return _estimate_recent(self.recent, self.min_samples)
+        return _fit(self.since_shift, self.min_samples)
 
     def fold(self, sample: CalibrationSample) -> CalibrationState:
         if not isinstance(sample, CalibrationSample):

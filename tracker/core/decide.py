@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from tracker.core import events as ev
+from tracker.core.anchor import RequestShape, anchor_decision
 from tracker.core.attempts import begin, decide_commit, decide_manual, decide_reject
 from tracker.core.calibration import Calibration, calibrates
 from tracker.core.calibration import apply as calibrated
@@ -143,13 +144,18 @@ def decide_measure(
     overhead_tokens: Any = None,
     calibration: Calibration | None = None,
     learned_limit: int | None = None,
+    shape: RequestShape | None = None,
 ) -> Outcome:
     """One accepted measurement → exactly one action (behaviour.md "Decisions").
 
     ``calibration``: the correction of the measurement's model (applied only when its quality is
     an estimate: the count decided on is ``ceil(counted x factor)``); ``learned_limit``: a lower
     input limit learned from a provider rejection (the lower of it and the measurement's is used).
-    Both are recorded in the ``ContextMeasured``, so replay re-decides with the same numbers."""
+    ``shape``: the counted request's messages and digests (the counting layer's): when the request
+    extends the session's anchor (its last billed request, ``tracker.core.anchor``) and its quality
+    is an estimate, the count decided on is the anchor's billed count plus the new messages'
+    estimate, instead of the calibrated count. All are recorded in the ``ContextMeasured``, so
+    replay re-decides with the same numbers."""
     # Bad input first: nothing is recorded for it.
     policy_now = state.policy or default_policy
     if compaction_threshold is None and scope is None and scope_confidence is None:
@@ -183,8 +189,18 @@ def decide_measure(
         return outcome(state, events, error=err)
 
     counted, L = measurement.input_tokens, measurement.input_limit
-    applied = calibration if calibration is not None and calibrates(measurement.quality) else None
-    used = calibrated(counted, applied)
+    anchor = None
+    if calibrates(measurement.quality):
+        anchor = anchor_decision(
+            s.anchor,
+            shape,
+            basis_revision=basis.revision,
+            model=measurement.model.name,
+            quality=measurement.quality,
+            counted=counted,
+        )
+    applied = calibration if anchor is None and calibration is not None and calibrates(measurement.quality) else None
+    used = anchor.decided if anchor is not None else calibrated(counted, applied)
     if learned_limit is not None and 0 < learned_limit < L:
         L = learned_limit
     rejected = basis_s in s.rejected
@@ -231,6 +247,8 @@ def decide_measure(
             "input_limit": L,
             "calibration": applied,
             "rejected": rejected,
+            "shape": shape,
+            "anchor": anchor,
         },
     )
     events.append(measured)

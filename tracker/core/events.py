@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import MISSING, dataclass, fields
 from typing import Any, ClassVar
 
+from tracker.core.anchor import Anchor, RequestShape
 from tracker.core.calibration import Calibration
 from tracker.core.model import Action, Measurement, Pressure, Trigger, built, recorded_measurement
 from tracker.core.policy import Policy
@@ -142,15 +143,24 @@ def upcast_v1_v2(data: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def upcast_v2_v3(data: dict[str, Any]) -> dict[str, Any]:
+    """A ``ContextMeasured`` recorded before anchoring (schema 2) as schema 3: no request shape was
+    known, so it was not anchored."""
+    return {**data, "shape": None, "anchor": None, "v": 3}
+
+
 @dataclass(frozen=True)
 class ContextMeasured(DomainEvent, Verdict):
     TYPE: ClassVar[str] = "ContextMeasured"
-    SCHEMA: ClassVar[int] = 2  # 2: input_tokens, input_limit, calibration, rejected (upcast_v1_v2)
+    # 2: input_tokens, input_limit, calibration, rejected (upcast_v1_v2); 3: shape, anchor (upcast_v2_v3)
+    SCHEMA: ClassVar[int] = 3
     VALUES: ClassVar[dict[str, Callable[[Any], Any]]] = {
         "measurement": recorded_measurement,
         "calibration": Calibration.from_data,
+        "shape": RequestShape.from_data,
+        "anchor": Anchor.from_data,
     }
-    UPCASTERS: ClassVar[dict[int, Upcaster]] = {1: upcast_v1_v2}
+    UPCASTERS: ClassVar[dict[int, Upcaster]] = {1: upcast_v1_v2, 2: upcast_v2_v3}
     measurement: Measurement
     at: float = 0.0
     # the per-request inputs as given (compaction_threshold, scope, scope_confidence, overhead_tokens),
@@ -165,6 +175,12 @@ class ContextMeasured(DomainEvent, Verdict):
     input_limit: int | None = None
     calibration: Calibration | None = None
     rejected: bool = False
+    # schema 3: the counted request's shape (its messages, their digests: from the counting layer;
+    # None when the count came without one) and, when the decision was anchored on the session's
+    # billed count of a prefix of this request, what it rested on (then ``calibration`` is None and
+    # ``input_tokens`` is ``anchor.billed + anchor.estimated_delta``)
+    shape: RequestShape | None = None
+    anchor: Anchor | None = None
 
     @property
     def decided_tokens(self) -> int:
@@ -254,14 +270,27 @@ class ContextLimitReached(DomainEvent):
     at: float = 0.0
 
 
+def upcast_usage_v1_v2(data: dict[str, Any]) -> dict[str, Any]:
+    """A ``UsageReported`` recorded before anchoring (schema 1) as schema 2: its request's shape was
+    not known (it anchors nothing) and its decision was not anchored."""
+    return {**data, "messages": None, "chain": None, "content": None, "anchored": False, "decided_tokens": None, "v": 2}
+
+
 @dataclass(frozen=True)
 class UsageReported(DomainEvent):
     """What the provider billed for the request of ``basis`` (its response's usage).
 
     ``model``, ``quality`` and ``counted_tokens`` are the measurement's (the last one of that basis:
-    the request that was sent), so the pair (counted, billed) is a calibration sample on its own."""
+    the request that was sent), so the pair (counted, billed) is a calibration sample on its own.
+    ``messages`` / ``chain`` / ``content`` (schema 2): that request's shape, when its count came
+    with one (the report then anchors the session's next decisions, and calibrates its kind of
+    content as well as its model); ``anchored``: whether that measurement was
+    decided anchored; ``decided_tokens``: the count it was decided on (with a shape only), so
+    the log shows decided against billed per turn."""
 
     TYPE: ClassVar[str] = "UsageReported"
+    SCHEMA: ClassVar[int] = 2
+    UPCASTERS: ClassVar[dict[int, Upcaster]] = {1: upcast_usage_v1_v2}
     basis: str
     model: str
     quality: str
@@ -271,6 +300,11 @@ class UsageReported(DomainEvent):
     cache_read_tokens: int | None = None
     cache_write_tokens: int | None = None
     at: float = 0.0
+    messages: int | None = None
+    chain: str | None = None
+    content: str | None = None
+    anchored: bool = False
+    decided_tokens: int | None = None
 
     @property
     def billed_tokens(self) -> int:

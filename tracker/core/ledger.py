@@ -6,7 +6,14 @@ and raw count, so the log's provider reports alone rebuild what calibration know
 * per (fleet, model) and counter kind (``estimate`` for counts :func:`~tracker.core.calibration.calibrates`
   corrects, ``exact`` for the others), a :class:`~tracker.core.calibration.CalibrationState` of the
   samples *(counted, billed)*: a usage report's billed input, or the count a rejection states;
-* per (fleet, model), the lowest input limit learned from rejections (``ProviderRejected.learned_limit``).
+* per (fleet, model), the lowest input limit learned from rejections (``ProviderRejected.learned_limit``);
+* per (fleet, model) and kind of content (a usage report's ``content``: ``latin``, ``cjk``,
+  ``other_script``), the estimate samples of that kind alone: a measurement of that kind is
+  corrected by its kind's calibration once the kind has ``MIN_SAMPLES`` of its own (a counter
+  over-counts each kind by its own factor, so one factor per model cannot fit a fleet that mixes
+  code and Chinese documents), else by the model's;
+* per (fleet, model), how many usage reports were of decisions anchored on the session's own
+  billed count (``UsageReported.anchored``, ``tracker.core.anchor``).
 
 A fleet is :meth:`SessionScope.fleet_of` the session id (the HTTP API's tenants; ``""`` for ids
 without a ``:``), so one fleet's reports never move another fleet's decisions.
@@ -51,6 +58,7 @@ class ModelEntry:
     usage_reports: int = 0
     rejections: int = 0
     last_at: float = 0.0
+    anchored: int = 0  # usage reports of decisions anchored on the session's billed count
 
 
 @dataclass(frozen=True)
@@ -71,6 +79,9 @@ class ModelSummary:
     drifted: bool
     learned_limit: int | None
     last_at: float
+    anchored: int = 0  # of the usage reports, those of anchored decisions
+    #: per kind of content with its own calibration: (kind, its calibration or None, usable samples)
+    contents: tuple[tuple[str, Calibration | None, int], ...] = ()
 
     def to_data(self) -> dict[str, Any]:
         def ratio(x: Fraction | None) -> float | None:
@@ -92,6 +103,10 @@ class ModelSummary:
             "drifted": self.drifted,
             "learned_limit": self.learned_limit,
             "last_at": self.last_at,
+            "anchored": self.anchored,
+            "contents": {
+                kind: {"samples": n, "factor": ratio(c.factor) if c else None} for kind, c, n in self.contents
+            },
         }
 
 
@@ -107,13 +122,17 @@ class CalibrationLedger:
     def __init__(self) -> None:
         self._entries: dict[tuple[str, str, Kind], ModelEntry] = {}
         self._limits: dict[tuple[str, str], int] = {}
+        self._contents: dict[tuple[str, str, str], CalibrationState] = {}
         self.folded = 0
 
-    def fold(self, fleet: str, event: ev.DomainEvent) -> None:
-        """One provider report (other events are ignored)."""
+    def fold(self, fleet: str, event: ev.DomainEvent, session: str = "") -> None:
+        """One provider report (other events are ignored); ``session``: the session that reported it
+        (a billing shift is one several sessions see: ``tracker.core.calibration``)."""
+        content = None
         if isinstance(event, ev.UsageReported):
             billed: int | None = event.billed_tokens
-            bump = {"usage_reports": 1}
+            bump = {"usage_reports": 1, "anchored": int(event.anchored)}
+            content = event.content
         elif isinstance(event, ev.ProviderRejected):
             billed = event.input_tokens
             bump = {"rejections": 1}
@@ -129,21 +148,35 @@ class CalibrationLedger:
         entry = self._entries.get(ekey) or _empty(kind)
         samples = entry.samples
         if billed is not None and event.counted_tokens > 0:
-            samples = samples.fold(CalibrationSample(event.counted_tokens, billed))
+            sample = CalibrationSample(event.counted_tokens, billed, session)
+            samples = samples.fold(sample)
+            if content is not None and kind == "estimate":
+                ckey = (fleet, event.model, content)
+                self._contents[ckey] = self._contents.get(ckey, CalibrationState()).fold(sample)
         self._entries[ekey] = replace(
             entry,
             samples=samples,
             usage_reports=entry.usage_reports + bump.get("usage_reports", 0),
             rejections=entry.rejections + bump.get("rejections", 0),
             last_at=max(entry.last_at, event.at),
+            anchored=entry.anchored + bump.get("anchored", 0),
         )
 
-    def calibration(self, fleet: str, model: str, quality: str) -> Calibration | None:
-        """The correction decisions use for a count of ``quality`` (None for exact counts, or too few samples)."""
+    def calibration(self, fleet: str, model: str, quality: str, content: str | None = None) -> Calibration | None:
+        """The correction decisions use for a count of ``quality`` (None for exact counts, or too few
+        samples): its kind of content's, when ``content`` has a calibration of its own, else the model's."""
         if not calibrates(quality):
             return None
         entry = self._entries.get((fleet, model, "estimate"))
-        return entry.samples.calibration if entry is not None else None
+        if entry is None:
+            return None
+        model_wide = entry.samples
+        if content is not None and model_wide.calibration is not None:
+            # the kind's own, unless the model's billing shifted and the kind has not seen it yet
+            own = self._contents.get((fleet, model, content))
+            if own is not None and own.calibration is not None and (own.shifted or not model_wide.shifted):
+                return own.calibration
+        return model_wide.calibration
 
     def learned_limit(self, fleet: str, model: str) -> int | None:
         return self._limits.get((fleet, model))
@@ -177,6 +210,12 @@ class CalibrationLedger:
                     drifted=drifted(d),
                     learned_limit=self._limits.get((f, model)),
                     last_at=entry.last_at,
+                    anchored=entry.anchored,
+                    contents=tuple(
+                        (c, state.calibration, len(state.recent))
+                        for (cf, cm, c), state in sorted(self._contents.items())
+                        if kind == "estimate" and (cf, cm) == (f, model)
+                    ),
                 )
             )
         return rows

@@ -134,6 +134,11 @@ def decide_usage(
         cache_read_tokens=cr,
         cache_write_tokens=cw,
         at=now,
+        messages=m.messages,
+        chain=m.chain,
+        content=m.content,
+        anchored=m.anchored,
+        decided_tokens=m.decided_tokens,
     )
     return outcome(state, [event])
 

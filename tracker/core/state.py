@@ -12,6 +12,8 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from tracker.core import events as ev
+from tracker.core.anchor import AnchorPoint
+from tracker.core.calibration import CalibrationSample
 from tracker.core.model import Pressure, Record, built
 from tracker.core.policy import Policy
 
@@ -57,6 +59,22 @@ class MeasuredBasis(Record):
     quality: str
     counted_tokens: int  # the counter's raw count
     input_limit: int  # the limit the measurement was decided against
+    messages: int | None = None  # the request's shape, when its count came with one (anchoring)
+    chain: str | None = None
+    content: str | None = None
+    anchored: bool = False  # the measurement was decided anchored
+    decided_tokens: int | None = None  # the count it was decided on (recorded with the shape)
+
+    def to_data(self) -> dict[str, Any]:
+        # the anchoring fields only when set (projections written before anchoring have none)
+        data = dict(self.__dict__)
+        if data["messages"] is None:
+            del data["messages"], data["chain"], data["decided_tokens"]
+        if data["content"] is None:
+            del data["content"]
+        if not data["anchored"]:
+            del data["anchored"]
+        return data
 
 
 @dataclass(frozen=True)
@@ -81,6 +99,9 @@ class SessionState:
     # where the session's events went (``SessionArchived``): {"archive", "segment", "final_version",
     # "digest"}; None while the session is live (and then absent from ``to_data``)
     archived: dict[str, Any] | None = None
+    # the last billed request of the current revision whose shape is known: decisions on requests
+    # that extend it are anchored on its billed count (tracker.core.anchor)
+    anchor: AnchorPoint | None = None
 
     # -- queries -------------------------------------------------------------------------
     @property
@@ -130,6 +151,7 @@ class SessionState:
             "counts": dict(sorted(self.counts.items())),
             "measured": [m.to_data() for m in self.measured],
             "rejected": sorted(self.rejected),
+            **({"anchor": self.anchor.to_data()} if self.anchor is not None else {}),
         }
         if self.archived is not None:
             data["archived"] = dict(self.archived)
@@ -153,6 +175,7 @@ class SessionState:
             measured=tuple(MeasuredBasis(**m) for m in data.get("measured", ())),
             rejected=frozenset(data.get("rejected", ())),
             archived=data.get("archived"),
+            anchor=AnchorPoint(**data["anchor"]) if data.get("anchor") else None,
         )
 
 
@@ -185,6 +208,10 @@ def _step(d: dict[str, Any], event: ev.DomainEvent) -> None:
         if limit is None:
             limit = m.input_limit
         pressure = e["pressure"]
+        shape = e["shape"]
+        anchor = d["anchor"]
+        if anchor is not None and anchor.model != m.model.name:  # another model: the anchor is not its
+            d["anchor"] = None
         measured = d["measured"]
         for x in measured:
             if x.basis == basis:  # measured again: its entry moves to the end
@@ -199,6 +226,11 @@ def _step(d: dict[str, Any], event: ev.DomainEvent) -> None:
                     "quality": m.quality,
                     "counted_tokens": m.input_tokens,
                     "input_limit": limit,
+                    "messages": None if shape is None else shape.messages,
+                    "chain": None if shape is None else shape.chain,
+                    "content": None if shape is None else shape.content,
+                    "anchored": e["anchor"] is not None,
+                    "decided_tokens": None if shape is None else used,
                 },
             ),
         )
@@ -230,6 +262,7 @@ def _step(d: dict[str, Any], event: ev.DomainEvent) -> None:
         d["revision"] = event.new_revision
         d["exhausted"] = frozenset()
         d["rejected"] = frozenset()
+        d["anchor"] = None
     elif isinstance(event, ev.CompactionRejected):
         _close(d, event.attempt_id, f"rejected:{event.reject_reason}")
         if event.reason == "automatic" and event.basis.startswith(f"r{d['revision']}:"):
@@ -248,8 +281,29 @@ def _step(d: dict[str, Any], event: ev.DomainEvent) -> None:
             "final_version": event.final_version,
             "digest": event.digest,
         }
-    elif not isinstance(event, (ev.CountFailed, ev.MeasurementRefused, ev.ContextLimitReached, ev.UsageReported)):
+    elif isinstance(event, ev.UsageReported):
+        _anchor_on(d, event)
+    elif not isinstance(event, (ev.CountFailed, ev.MeasurementRefused, ev.ContextLimitReached)):
         raise TypeError(f"unknown event {event!r}")
+
+
+def _anchor_on(d: dict[str, Any], event: ev.UsageReported) -> None:
+    """A usage report of the current revision whose request's shape is known anchors the session,
+    when its sample is one calibration would use (a plausible ratio, a request of some size)."""
+    if event.chain is None or event.messages is None or not event.basis.startswith(f"r{d['revision']}:"):
+        return
+    billed = event.billed_tokens
+    if event.counted_tokens <= 0 or not CalibrationSample(event.counted_tokens, billed).usable:
+        return
+    d["anchor"] = AnchorPoint(
+        basis=event.basis,
+        model=event.model,
+        quality=event.quality,
+        messages=event.messages,
+        chain=event.chain,
+        counted=event.counted_tokens,
+        billed=billed,
+    )
 
 
 def _working(state: SessionState) -> dict[str, Any]:

@@ -30,12 +30,15 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from tracker import telemetry
+from tracker.core.anchor import RequestShape
 from tracker.core.model import Basis, Measurement, ModelRef, is_int
 from tracker.core.policy import Policy
 from tracker.counting.base import CountingBackend, CountResult, ModelSpec, deadline_scope
+from tracker.counting.counters import content_kind
 from tracker.counting.registry import ModelRegistry
 from tracker.counting.request import CanonicalRequest
 from tracker.errors import (
@@ -56,6 +59,9 @@ __all__ = [
     "run_before_deadline",
     "run_count_task",
     "run_counter",
+    "RequestHistory",
+    "history_of",
+    "shape_of",
     "validate_count",
 ]
 
@@ -134,6 +140,33 @@ def validate_count(
         input_limit=input_limit,
         quality=quality,
     )
+
+
+@dataclass(frozen=True)
+class RequestHistory:
+    """A counted request's history digests and kind of content: its :class:`RequestShape` at any
+    position, without reading the request again (the position is the anchor's of the state a
+    decision is made on, known only then)."""
+
+    digests: tuple[str, ...]  # d[0] .. d[messages] (CanonicalRequest.history_digests)
+    content: str
+
+    def shape(self, at: int | None = None) -> RequestShape:
+        """The shape, with the digest through ``at`` messages when the request has that many (else
+        no position: a shorter request cannot extend the anchor)."""
+        n = len(self.digests) - 1
+        if at is None or not is_int(at) or not 0 <= at <= n:
+            return RequestShape(n, self.digests[n], content=self.content)
+        return RequestShape(n, self.digests[n], at, self.digests[at], self.content)
+
+
+def history_of(request: CanonicalRequest) -> RequestHistory:
+    return RequestHistory(request.history_digests(), content_kind(request))
+
+
+def shape_of(request: CanonicalRequest, at: int | None = None) -> RequestShape:
+    """The request's shape (:meth:`RequestHistory.shape`)."""
+    return history_of(request).shape(at)
 
 
 def as_request(request: Any) -> CanonicalRequest:
@@ -248,6 +281,18 @@ class MeasuringBackend:
             )
             s.set(telemetry.QUALITY, m.quality)
             return m
+
+    def measure_history(
+        self,
+        request: dict[str, Any] | CanonicalRequest,
+        *,
+        model: str,
+        basis: Basis | str,
+        policy: Policy,
+    ) -> tuple[Measurement, RequestHistory]:
+        """``measure``, and the request's history (its shape at any position: anchoring)."""
+        req = as_request(request)
+        return self.measure(req, model=model, basis=basis, policy=policy), history_of(req)
 
     def _count(self, request: CanonicalRequest, spec: ModelSpec, timeout_s: float) -> Any:  # pragma: no cover
         raise NotImplementedError

@@ -32,7 +32,7 @@ import math
 import os
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -458,6 +458,41 @@ def heuristic_image_tokens(part: ImagePart, base: int = DEFAULT_IMAGE_BASE, tile
 
 
 _heuristic_memo = memoized(heuristic_text_tokens)
+#: a non-ASCII text's CJK and non-ASCII characters, as ``cjk << 32 | non_ascii`` (one memo for both)
+_script_chars = memoized(
+    lambda text: (len(text) - len(_CJK.sub("", text))) << 32 | (len(text) - len(_NON_ASCII.sub("", text)))
+)
+
+
+def _texts(part: Part) -> Iterator[str]:
+    if isinstance(part, TextPart):
+        yield part.text
+    elif isinstance(part, ToolCallPart):
+        yield part.arguments_text()
+    elif isinstance(part, ToolResultPart):
+        for p in part.content:
+            yield from _texts(p)
+
+
+def content_kind(request: CanonicalRequest) -> str:
+    """The request's kind of content, by its characters (calibration is kept per kind as well as
+    per model: a counter over-counts each kind by its own factor): ``cjk`` when at least a quarter
+    are CJK / kana / hangul characters, else ``other_script`` when at least a quarter are not ASCII
+    (Cyrillic, Greek, accented Latin, CJK together), else ``latin``."""
+    total = cjk = non_ascii = 0
+    for message in request.all_messages():
+        for part in message.content:
+            for text in _texts(part):
+                total += len(text)
+                if not text.isascii():
+                    both = _script_chars(text)
+                    cjk += both >> 32
+                    non_ascii += both & 0xFFFFFFFF
+    if total and 4 * cjk >= total:
+        return "cjk"
+    if total and 4 * non_ascii >= total:
+        return "other_script"
+    return "latin"
 
 
 def heuristic_request_tokens(request: CanonicalRequest, model: ModelSpec | None = None) -> int:

@@ -225,13 +225,26 @@ class CanonicalRequest:
         }
 
     def canonical_json(self) -> str:
+        """``canonical_json(self.to_dict())``, built from each message's own canonical JSON (the keys
+        sorted: ``messages``, ``system``, ``tools``), which :meth:`history_digests` hashes again."""
         cached = self.__dict__.get("_canonical_json")
         if cached is None:
             try:
-                cached = canonical_json(self.to_dict())
+                messages = tuple(canonical_json(m.to_data()) for m in self.messages)
+                head = canonical_json(
+                    {"system": [p.to_data() for p in self.system], "tools": [t.to_data() for t in self.tools]}
+                )
             except ValueError as exc:  # NaN / Infinity
                 raise InvalidInput("request", f"is not representable as JSON: {exc}") from None
+            pieces = ['{"messages":[']
+            for i, text in enumerate(messages):
+                if i:
+                    pieces.append(",")
+                pieces.append(text)
+            pieces.append("]," + head[1:])
+            cached = "".join(pieces)  # one copy of the whole text
             object.__setattr__(self, "_canonical_json", cached)
+            object.__setattr__(self, "_parts_json", (head, messages))
         return cached
 
     @property
@@ -241,6 +254,24 @@ class CanonicalRequest:
         if cached is None:
             cached = hashlib.sha256(self.canonical_json().encode("utf-8")).hexdigest()
             object.__setattr__(self, "_fingerprint", cached)
+        return cached
+
+    def history_digests(self) -> tuple[str, ...]:
+        """The digests of the request's history, message by message: ``d[0]`` of the system prompt
+        and the tools, ``d[k + 1] = SHA-256(d[k] + canonical JSON of message k)``. Two requests with
+        the same system prompt and tools share ``d[k]`` exactly when their first ``k`` messages are
+        the same (what anchoring a decision on an earlier, billed request needs: behaviour.md)."""
+        cached = self.__dict__.get("_history_digests")
+        if cached is None:
+            self.canonical_json()
+            head, messages = self.__dict__["_parts_json"]
+            d = hashlib.sha256(head.encode("utf-8")).hexdigest()
+            out = [d]
+            for text in messages:
+                d = hashlib.sha256((d + text).encode("utf-8")).hexdigest()
+                out.append(d)
+            cached = tuple(out)
+            object.__setattr__(self, "_history_digests", cached)
         return cached
 
     # -- views used by counters --------------------------------------------------------------

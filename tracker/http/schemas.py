@@ -233,6 +233,10 @@ SessionStateOut = view(
         dict[str, Any] | None,
         Field(None, description="where an archived session's events went (absent while it is live)"),
     ),
+    anchor=(
+        dict[str, Any] | None,
+        Field(None, description="the session's last billed request its decisions are anchored on (absent: none)"),
+    ),
 )
 
 EventOut = view("EventOut", StoredEvent, "One recorded event (``tracker.queries.event_to_dict``).", recorded_at=str)

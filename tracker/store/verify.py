@@ -13,6 +13,7 @@ import json
 from collections.abc import Iterator
 from typing import Any, Protocol
 
+from tracker.core.anchor import delta_estimate
 from tracker.core.calibration import apply
 from tracker.core.events import ContextMeasured, SessionArchived
 from tracker.errors import TrackerError
@@ -75,7 +76,14 @@ def _decision_diff(e: ContextMeasured) -> tuple[str, Any, Any] | None:
     raw, limit = e.measurement.input_tokens, e.measurement.input_limit
     if e.input_tokens is None:  # no decided count recorded: decided on the raw count
         return None
-    expected = apply(raw, e.calibration)
+    if e.anchor is not None:
+        a = e.anchor
+        delta = delta_estimate(raw, a.counted, a.factor_bp)
+        if a.estimated_delta != delta:
+            return "anchor.estimated_delta", a.estimated_delta, delta
+        expected = a.decided
+    else:
+        expected = apply(raw, e.calibration)
     if e.input_tokens != expected:
         return "input_tokens", e.input_tokens, expected
     if e.input_limit is not None and not 0 < e.input_limit <= limit:

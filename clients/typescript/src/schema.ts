@@ -557,6 +557,19 @@ export interface components {
             counted_tokens: number;
             /** Input Limit */
             input_limit: number;
+            /** Messages */
+            messages?: number | null;
+            /** Chain */
+            chain?: string | null;
+            /** Content */
+            content?: string | null;
+            /**
+             * Anchored
+             * @default false
+             */
+            anchored: boolean;
+            /** Decided Tokens */
+            decided_tokens?: number | null;
         };
         /**
          * MeasurementIn
@@ -907,6 +920,13 @@ export interface components {
             archived?: {
                 [key: string]: unknown;
             } | null;
+            /**
+             * Anchor
+             * @description the session's last billed request its decisions are anchored on (absent: none)
+             */
+            anchor?: {
+                [key: string]: unknown;
+            } | null;
         };
         /** SessionsOut */
         SessionsOut: {
@@ -982,6 +1002,16 @@ export interface components {
             cache_write_tokens: number | null;
             /** At */
             at: number;
+            /** Messages */
+            messages: number | null;
+            /** Chain */
+            chain: string | null;
+            /** Content */
+            content: string | null;
+            /** Anchored */
+            anchored: boolean;
+            /** Decided Tokens */
+            decided_tokens: number | null;
         };
         /** WaitOut */
         WaitOut: {
