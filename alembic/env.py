@@ -18,7 +18,7 @@ from alembic import context
 from sqlalchemy import create_engine, pool, text
 
 from tracker.settings import Settings, normalize_database_url
-from tracker.store.schema import MIGRATE_LOCK_KEY, metadata
+from tracker.store.schema import MIGRATE_LOCK_KEY, include_object, metadata
 
 config = context.config
 target_metadata = metadata
@@ -53,6 +53,7 @@ def _run(connection) -> None:
         target_metadata=target_metadata,
         render_as_batch=connection.dialect.name == "sqlite",
         compare_type=True,
+        include_object=include_object(connection.dialect.name),
     )
     with context.begin_transaction():
         if connection.dialect.name == "postgresql":
