@@ -35,11 +35,13 @@ The conversion (online: appends and reads go on except during the short final st
 2. copy the events in position order in batches of ``BATCH``, reading only the committed prefix
    the event feed reads (``FEED_WATERMARK``); then ANALYZE and build the indexes (nothing locks
    the old table meanwhile but the reads' ACCESS SHARE);
-3. ``LOCK TABLE events IN ACCESS EXCLUSIVE MODE`` (reads and appends wait from here to the
-   commit): copy the events appended since step 2 (after the last copied position), check the
-   counts (and copy any event a writer outside ``ct_append`` slipped in below it), move the
-   sequence on, drop the old table, rename the new one (and its sequence and indexes) into
-   place, create the triggers. Commit.
+3. the swap, in a savepoint: take ``ct_append``'s append lock, ``LOCK TABLE events IN ACCESS
+   EXCLUSIVE MODE`` and the sequence's lock, each waiting ``SWAP_LOCK_TIMEOUT`` at most (on a
+   timeout: roll back to the savepoint, pause, try again, up to ``SWAP_ATTEMPTS`` times); reads
+   and appends wait from here to the commit. Copy the events appended since step 2 (after the
+   last copied position), check the counts (and copy any event a writer outside ``ct_append``
+   slipped in below it), move the sequence on, drop the old table, rename the new one (and its
+   sequence and indexes) into place, create the triggers. Commit.
 
 Measured figures and what the lock costs: docs/operations.md "The partitioned log".
 Downgrade is the same conversion the other way (into one table with 0010's constraints).
@@ -47,9 +49,12 @@ Downgrade is the same conversion the other way (into one table with 0010's const
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import time
 from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from alembic import op
@@ -67,6 +72,13 @@ BATCH = 50_000
 BULK_SESSIONS = 64
 #: months created ahead of the current one by the conversion
 MONTHS_AHEAD = 3
+#: the swap (step 3): how long each of its locks is waited for, how often it is tried, the pause between tries
+SWAP_LOCK_TIMEOUT = "200ms"
+SWAP_ATTEMPTS = 100
+SWAP_PAUSE_S = 0.05
+LOCK_NOT_AVAILABLE = "55P03"
+#: ct_append's lock around drawing positions (tracker.store.schema.APPEND_LOCK_KEY, as in 0003, 0008, 0010)
+APPEND_LOCK_KEY = 0x63745F617070
 
 # Advisory-lock keys (beside tracker.store.schema's APPEND_LOCK_KEY and MIGRATE_LOCK_KEY).
 PARTITION_LOCK_KEY = 0x63745F707274  # "ct_prt": serialises ct_events_ensure_partitions
@@ -283,7 +295,40 @@ def _convert(conn: Any, target: str, create: Sequence[str], indexes: Sequence[st
     for stmt in indexes:
         _sql(conn, stmt)
     t1 = time.monotonic()
+    for attempt in range(1, SWAP_ATTEMPTS + 1):
+        _sql(conn, "SAVEPOINT ct_swap")
+        try:
+            tail = _swap(conn, target, last, after_swap)
+        except Exception as exc:  # noqa: BLE001 - only a lock timeout is tried again
+            if getattr(getattr(exc, "diag", None), "sqlstate", None) != LOCK_NOT_AVAILABLE or attempt == SWAP_ATTEMPTS:
+                raise
+            _sql(conn, "ROLLBACK TO SAVEPOINT ct_swap")  # releases every lock the attempt took
+            time.sleep(min(1.0, SWAP_PAUSE_S * attempt))
+            continue
+        _sql(conn, "RELEASE SAVEPOINT ct_swap")
+        _sql(conn, "SET LOCAL lock_timeout TO DEFAULT")
+        break
+    log.info(
+        "events converted: %d copied in %.1f s (indexes included), then %d more and the swap in %.2f s (%d attempts)",
+        copied,
+        t1 - t0,
+        tail,
+        time.monotonic() - t1,
+        attempt,
+    )
+
+
+def _swap(conn: Any, target: str, last: int, after_swap: Sequence[str]) -> int:
+    """Step 3 of the module doc, once (in a savepoint): the locks, the tail, the swap. Each lock
+    waits ``SWAP_LOCK_TIMEOUT`` at most: less than the server's ``deadlock_timeout``, so a running
+    append (its locks are taken in another order) never sees a deadlock error -- this side gives up
+    first. Returns how many events the tail held."""
+    _sql(conn, f"SET LOCAL lock_timeout = '{SWAP_LOCK_TIMEOUT}'")
+    # the append lock first: no ct_append draws a position any more (it waits in its short locked
+    # section, before it touches the events); then the table (in-flight appends finish first)
+    _sql(conn, f"SELECT pg_advisory_xact_lock({APPEND_LOCK_KEY})")
     _sql(conn, "LOCK TABLE events IN ACCESS EXCLUSIVE MODE")
+    _sql(conn, "ALTER SEQUENCE events_position_seq CACHE 1")  # its lock: the sequence is dropped below
     tail = _sql(
         conn, f"INSERT INTO {target} ({COLUMNS}) SELECT {COLUMNS} FROM events WHERE position > %(p)s", {"p": last}
     ).rowcount
@@ -299,13 +344,36 @@ def _convert(conn: Any, target: str, create: Sequence[str], indexes: Sequence[st
     _sql(conn, f"ALTER TABLE {target} RENAME TO events")
     for stmt in after_swap:
         _sql(conn, stmt)
-    log.info(
-        "events converted: %d copied in %.1f s (indexes included), then %d more under the lock in %.2f s",
-        copied,
-        t1 - t0,
-        tail,
-        time.monotonic() - t1,
-    )
+    return int(tail)
+
+
+def _previous() -> ModuleType:
+    """Migration 0010 (read from its file: its function's text has one place)."""
+    path = Path(__file__).with_name("0010_hash_chain.py")
+    spec = importlib.util.spec_from_file_location("_ct_0010", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def append_by_name() -> str:
+    """0010's ``ct_append`` drawing positions from the sequence *named* ``events_position_seq`` at
+    each call (``'…'::text::regclass``: a stable cast, not folded into the cached plan, after a
+    statement that locks the sequence and so makes the backend read the catalog's changes): an
+    append that waits at its locked section while the conversion swaps the tables draws, once it
+    goes on, from the new table's sequence, not the dropped one's (0010's text failed there with
+    "could not open relation with OID")."""
+    old = _previous().CREATE_APPEND
+    static = "nextval('events_position_seq')"
+    assert old.count(static) == 2 and old.count("CREATE FUNCTION ct_append(") == 1
+    text = old.replace(static, "nextval('events_position_seq'::text::regclass)")
+    # ... and a statement on the sequence first: locking it makes a waiter that went on after the
+    # swap take in the catalog's news (the name then resolves to the new sequence)
+    txid = "        v_txid := pg_current_xact_id()"
+    assert text.count(txid) == 1
+    text = text.replace(txid, "        PERFORM 1 FROM events_position_seq;\n" + txid, 1)
+    return text.replace("CREATE FUNCTION ct_append(", "CREATE OR REPLACE FUNCTION ct_append(", 1)
 
 
 def _is_pg() -> bool:
@@ -316,6 +384,8 @@ def upgrade() -> None:
     if not _is_pg():
         return  # SQLite keeps one table
     conn = op.get_bind()
+    with op.get_context().autocommit_block():  # committed before the swap: see append_by_name
+        _sql(conn, append_by_name())
     _sql(conn, ENSURE_PARTITIONS)
     _sql(conn, UNIQUE_FUNCTION)
     first, last = _months(conn)
@@ -335,5 +405,6 @@ def downgrade() -> None:
         return
     conn = op.get_bind()
     _convert(conn, SINGLE, SINGLE_CREATE, SINGLE_INDEXES, _RENAMES)
+    _sql(conn, _previous().CREATE_APPEND.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1))
     for stmt in DROP_FUNCTIONS:
         _sql(conn, stmt)
