@@ -5,7 +5,8 @@ at the repository root (shipped in the wheel as ``tracker/alembic``);
 ``tests/integration/test_migrations.py`` checks that these models and the migrations agree on
 both backends. Change both together.
 
-``events``    the append-only log: global ``position``, per-session ``version``.
+``events``    the append-only log: global ``position``, per-session ``version``; on PostgreSQL
+              partitioned by month of ``recorded_at`` (migration 0011: the keys below).
 ``sessions``  the per-session projection, written in the same transaction as
               the events it was folded from.
 ``fleets``    the HTTP API's tenants: ``fleet_id`` (10 characters ``f`` + 9 hex:
