@@ -174,7 +174,7 @@ DECLARE
 BEGIN
     IF current_setting('transaction_isolation') = 'repeatable read' THEN
         -- the counts below must see every transaction that held these locks before: a snapshot
-        -- per statement (READ COMMITTED) does; SERIALIZABLE aborts one of two such writers
+        -- per statement (READ COMMITTED) does; SERIALIZABLE relies on its own conflict detection
         RAISE EXCEPTION 'events are written at READ COMMITTED or SERIALIZABLE, not REPEATABLE READ'
             USING ERRCODE = '0A000';
     END IF;
