@@ -21,7 +21,8 @@ PostgreSQL only (SQLite keeps its one table; this revision changes nothing there
   ``(session_id, version)``, ``(session_id, idempotency_key)`` and ``position``; a count above
   one raises ``unique_violation`` (SQLSTATE 23505) naming the old constraint. Why that is sound
   under concurrency: docs/operations.md "The partitioned log". ``ct_append`` (the store's
-  append) is unchanged: it already serialises each stream on its ``sessions`` row.
+  append) keeps its logic -- it already serialises each stream on its ``sessions`` row -- and
+  only draws its positions from the sequence looked up by name at each call (``append_by_name``).
 * ``ct_events_ensure_partitions(from, to, parent)`` creates the months from ``from`` to ``to``
   that have no partition yet (as a plain table attached with ``ATTACH PARTITION``: appends go
   on), moving any rows of that month out of the DEFAULT partition first. The store calls it for
@@ -30,6 +31,7 @@ PostgreSQL only (SQLite keeps its one table; this revision changes nothing there
 
 The conversion (online: appends and reads go on except during the short final step):
 
+0. (committed on its own, before the rest) ``ct_append`` as ``append_by_name`` makes it;
 1. create the partitioned table ``events_partitioned`` with one partition per month from the
    oldest event's month to three months ahead, and the DEFAULT partition;
 2. copy the events in position order in batches of ``BATCH``, reading only the committed prefix
@@ -44,7 +46,8 @@ The conversion (online: appends and reads go on except during the short final st
    sequence and indexes) into place, create the triggers. Commit.
 
 Measured figures and what the lock costs: docs/operations.md "The partitioned log".
-Downgrade is the same conversion the other way (into one table with 0010's constraints).
+Downgrade is the same conversion the other way (into one table with 0010's constraints), then
+0010's ``ct_append``.
 """
 
 from __future__ import annotations
