@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 import psycopg
 import pytest
 
-from tests.support.db import feed_shows
+from tests.support.db import feed_shows, transaction_open_elsewhere
 from tests.support.procs import racing_context
 from tests.support.toy_store import ToyProjector, ev
 from tracker.errors import ConcurrencyConflict
@@ -287,3 +287,28 @@ def test_the_conversion_keeps_every_event_while_an_appender_runs_and_downgrades_
             _rows(pg_url, _RAW, ("live", 1, "2020-01-01T00:00:00Z", None))
     finally:
         old.close()
+
+
+@pytest.mark.feed
+def test_the_conversion_copies_everything_while_a_transaction_elsewhere_holds_the_feed_back(pg_url):
+    """Step 2 copies only what the feed shows; with the feed held back by a transaction open in
+    another database, the swap copies the rest under its locks: nothing is lost either way."""
+    migrate.upgrade(pg_url, PREVIOUS)
+    old = open_store(pg_url, projector=ToyProjector(), check_schema=False)
+    try:
+        old.append("before", 0, [ev(), ev()])
+        with transaction_open_elsewhere(pg_url):
+            for i in range(30):
+                old.append(f"held-{i}", 0, [ev(n=i)])
+            before = _log(pg_url)
+            assert migrate.upgrade(pg_url) == migrate.head_revision()
+        assert _log(pg_url) == before and len(before) == 32
+    finally:
+        old.close()
+    store = open_store(pg_url, projector=ToyProjector())
+    try:
+        assert feed_shows(store, before[-1][0])
+        assert [(e.position, e.session_id, e.version) for e in store.read_all(0)] == [r[:3] for r in before]
+        assert verify_chains(store)["broken"] == []
+    finally:
+        store.close()
