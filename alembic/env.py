@@ -5,9 +5,9 @@ The database URL comes from (first found): ``config.attributes["connection"]``
 (set by ``tracker.store.migrate``), the ``sqlalchemy.url`` option, or the
 tracker's settings (``TRACKER_DATABASE_URL``, read by ``tracker.settings``).
 
-On PostgreSQL all pending migrations run in one transaction that first takes an
-advisory lock, so concurrent ``tracker db upgrade`` runs queue up instead of
-racing each other.
+On PostgreSQL all pending migrations run in one transaction (0011 commits its first
+step on its own) under a session-level advisory lock, so concurrent ``tracker db
+upgrade`` runs queue up instead of racing each other.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from alembic import context
 from sqlalchemy import create_engine, pool, text
 
 from tracker.settings import Settings, normalize_database_url
-from tracker.store.schema import MIGRATE_LOCK_KEY, metadata
+from tracker.store.schema import MIGRATE_LOCK_KEY, include_object, metadata
 
 config = context.config
 target_metadata = metadata
@@ -53,11 +53,23 @@ def _run(connection) -> None:
         target_metadata=target_metadata,
         render_as_batch=connection.dialect.name == "sqlite",
         compare_type=True,
+        include_object=include_object(connection.dialect.name),
     )
-    with context.begin_transaction():
-        if connection.dialect.name == "postgresql":
-            connection.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": MIGRATE_LOCK_KEY})
-        context.run_migrations()
+    if connection.dialect.name != "postgresql":
+        with context.begin_transaction():
+            context.run_migrations()
+        return
+    # a session-level lock: held across a migration's own commit (0011 commits one step first)
+    connection.execute(text("SELECT pg_advisory_lock(:k)"), {"k": MIGRATE_LOCK_KEY})
+    connection.commit()
+    try:
+        with context.begin_transaction():
+            context.run_migrations()
+    finally:
+        if not connection.closed and not connection.invalidated:
+            connection.rollback()
+            connection.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": MIGRATE_LOCK_KEY})
+            connection.commit()
 
 
 def run_migrations_online() -> None:

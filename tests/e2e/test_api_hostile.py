@@ -525,8 +525,10 @@ def _events_rows_read(engine: Any) -> int:
         return int(
             conn.execute(
                 text(
-                    "SELECT coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0) "
-                    "FROM pg_stat_user_tables WHERE relname = 'events'"
+                    # the events table's partitions (migration 0011): the parent has no rows of its own
+                    "SELECT coalesce(sum(coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0)), 0) "
+                    "FROM pg_stat_user_tables WHERE relid IN "
+                    "(SELECT inhrelid FROM pg_inherits WHERE inhparent = 'events'::regclass)"
                 )
             ).scalar_one()
         )

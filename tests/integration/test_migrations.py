@@ -23,7 +23,7 @@ from tests.support.procs import racing_context
 from tracker.errors import SchemaOutOfDate
 from tracker.settings import normalize_database_url
 from tracker.store import NewEvent, migrate, open_store
-from tracker.store.schema import metadata
+from tracker.store.schema import include_object, metadata
 
 REVISIONS = migrate.revisions()
 EARLIER = ["base", *REVISIONS[:-1]]  # every starting point older than head
@@ -33,7 +33,8 @@ def schema_diff(url: str) -> list:
     engine = create_engine(normalize_database_url(url))
     try:
         with engine.connect() as conn:
-            ctx = MigrationContext.configure(conn, opts={"compare_type": True})
+            opts = {"compare_type": True, "include_object": include_object(conn.dialect.name)}
+            ctx = MigrationContext.configure(conn, opts=opts)
             return compare_metadata(ctx, metadata)
     finally:
         engine.dispose()

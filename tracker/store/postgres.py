@@ -34,10 +34,18 @@ same idempotency key is safe. A failure on a freshly made connection is not retr
 Reads are run once more whenever the stashed connection turned out dead.
 
 Commit order: see the comment above ``_READ_ALL`` (the proof that ``read_all`` never skips).
+
+Partitions (migration 0011: ``events`` is partitioned by month of ``recorded_at``): the first
+successful append of each process in each calendar month (UTC) also calls
+``ct_events_ensure_partitions`` for that month and ``PARTITION_MONTHS_AHEAD`` more, under a
+``lock_timeout`` of ``PARTITION_LOCK_TIMEOUT``: a month's partition exists long before its first
+event (the DEFAULT partition takes an event should it not). A failure there is logged and tried
+again after ``PARTITION_RETRY_S``; the append it follows has committed either way.
 """
 
 from __future__ import annotations
 
+import logging
 import select
 import threading
 import time
@@ -49,6 +57,7 @@ from typing import Any, cast
 import psycopg
 from sqlalchemy.engine import Engine
 
+from tracker.errors import StoreError
 from tracker.store.base import StoredEvent
 from tracker.store.errors import is_unavailable, map_db_errors
 
@@ -62,6 +71,15 @@ PG_PING_IDLE_S = 1.0
 PG_IDLE_APPEND_CONNECTIONS = 8
 
 MAX_VERSION = 2**31 - 1
+
+#: months of ``events`` partitions kept ahead of the current one (see the module doc)
+PARTITION_MONTHS_AHEAD = 3
+#: how long the partition upkeep waits for a lock (e.g. behind an operator's DETACH) before giving up
+PARTITION_LOCK_TIMEOUT = "2s"
+#: seconds before a failed partition upkeep is tried again
+PARTITION_RETRY_S = 60.0
+
+log = logging.getLogger(__name__)
 
 # -- statements (fixed text: no SQL compilation per call) -------------------------------------------
 
@@ -145,6 +163,10 @@ def _read_all_types(types: tuple[str, ...], prefixed: bool) -> str:
     )
 
 
+_ENSURE_PARTITIONS = (
+    "SELECT ct_events_ensure_partitions(now(), now() + make_interval(months => %s)) "
+    "FROM (SELECT set_config('lock_timeout', %s, true)) AS t"
+)
 _LOAD = "SELECT version, state::text FROM sessions WHERE session_id = %s"
 _STREAM_VERSION = "SELECT coalesce(max(version), 0) FROM events WHERE session_id = %s"
 _KEYED_VERSION = "SELECT version FROM events WHERE session_id = %s AND idempotency_key = %s"
@@ -199,6 +221,9 @@ class PgFastPath:
         self._engine = engine
         self._idle: list[tuple[Any, float]] = []
         self._idle_lock = threading.Lock()
+        #: (year, month) whose partitions this process has made sure of; when to try again after a failure
+        self._partitions_month: tuple[int, int] | None = None
+        self._partitions_retry_at = 0.0
 
     def after_fork(self) -> None:
         """In a forked child: forget (never touch) the parent's connections."""
@@ -370,11 +395,27 @@ class PgFastPath:
         before. Driver errors propagate; the store maps them.
         """
         try:
-            return self._append_once(session_id, expected, events_text, key, put, before_commit)
+            out = self._append_once(session_id, expected, events_text, key, put, before_commit)
         except _RetryableDisconnect:
             # Either nothing was sent (a dead stashed connection), or the call carries an
             # idempotency key, so that running it again returns the first run's outcome.
-            return self._append_once(session_id, expected, events_text, key, put, before_commit, retry=False)
+            out = self._append_once(session_id, expected, events_text, key, put, before_commit, retry=False)
+        if isinstance(out, Appended):
+            self._keep_partitions_ahead(out.recorded_at)
+        return out
+
+    def _keep_partitions_ahead(self, recorded_at: datetime) -> None:
+        """At the first append of this process in a month: the partitions of this month and the next ones."""
+        month = (recorded_at.year, recorded_at.month)
+        if month == self._partitions_month or time.monotonic() < self._partitions_retry_at:
+            return
+        try:
+            self._query("partitions", _ENSURE_PARTITIONS, (PARTITION_MONTHS_AHEAD, PARTITION_LOCK_TIMEOUT))
+        except StoreError as exc:
+            self._partitions_retry_at = time.monotonic() + PARTITION_RETRY_S
+            log.warning("events partitions ahead not made (the DEFAULT partition takes the events meanwhile): %s", exc)
+            return
+        self._partitions_month = month
 
     def _append_once(
         self,

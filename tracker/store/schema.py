@@ -5,7 +5,8 @@ at the repository root (shipped in the wheel as ``tracker/alembic``);
 ``tests/integration/test_migrations.py`` checks that these models and the migrations agree on
 both backends. Change both together.
 
-``events``    the append-only log: global ``position``, per-session ``version``.
+``events``    the append-only log: global ``position``, per-session ``version``; on PostgreSQL
+              partitioned by month of ``recorded_at`` (migration 0011: the keys below).
 ``sessions``  the per-session projection, written in the same transaction as
               the events it was folded from.
 ``fleets``    the HTTP API's tenants: ``fleet_id`` (10 characters ``f`` + 9 hex:
@@ -20,6 +21,8 @@ both backends. Change both together.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -91,6 +94,28 @@ def json_type() -> JSON:
     return JSON(none_as_null=True).with_variant(JSONB(none_as_null=True), "postgresql")
 
 
+def only(dialect: str) -> dict[str, str]:
+    """``info`` of a constraint or index that exists on one backend only (see ``include_object``)."""
+    return {"dialect": dialect}
+
+
+#: the partitions of ``events`` on PostgreSQL (migration 0011): one per month, and the DEFAULT one
+EVENTS_PARTITION = re.compile(r"events_(y[0-9]{4}m[0-9]{2}|default)")
+
+
+def include_object(dialect: str) -> Callable[..., bool]:
+    """Alembic's ``include_object`` for comparing this metadata with a database of ``dialect``:
+    leaves out what exists on the other backend only (``only``) and the partitions of ``events``
+    (the database's own tables, made by ``ct_events_ensure_partitions``, not models)."""
+
+    def include(obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any) -> bool:
+        if reflected:
+            return not (type_ == "table" and name is not None and EVENTS_PARTITION.fullmatch(name))
+        return getattr(obj, "info", {}).get("dialect", dialect) == dialect
+
+    return include
+
+
 # BIGINT identity on PostgreSQL; on SQLite the INTEGER PRIMARY KEY AUTOINCREMENT rowid
 # (a BIGINT primary key would not alias the rowid there).
 PositionType = BigInteger().with_variant(Integer(), "sqlite")
@@ -120,7 +145,14 @@ events = Table(
     # sha256(previous event's hash || the event's canonical bytes): tracker.store.chain (migration
     # 0010). NULL only on a row written behind the store's back ("unchained")
     Column("hash", LargeBinary(), nullable=True),
-    UniqueConstraint("session_id", "version"),
+    # SQLite: one table, these two keys unique. PostgreSQL (migration 0011): partitioned by month of
+    # recorded_at, where a unique index must hold the partition key: the same two as plain indexes,
+    # their uniqueness (and that of position; its primary key is (position, recorded_at)) kept by
+    # the ct_events_unique triggers (docs/operations.md "The partitioned log")
+    UniqueConstraint("session_id", "version", info=only("sqlite")).ddl_if(dialect="sqlite"),
+    Index("ix_events_session_id_version", "session_id", "version", info=only("postgresql")).ddl_if(
+        dialect="postgresql"
+    ),
     CheckConstraint("version >= 1", name="version_positive"),
     Index("ix_events_fleet_position", "fleet", "position"),
     # one use of an idempotency key per session; only the events that have one are indexed (migration 0006)
@@ -129,9 +161,16 @@ events = Table(
         "session_id",
         "idempotency_key",
         unique=True,
-        postgresql_where=text("idempotency_key IS NOT NULL"),
         sqlite_where=text("idempotency_key IS NOT NULL"),
-    ),
+        info=only("sqlite"),
+    ).ddl_if(dialect="sqlite"),
+    Index(
+        "ix_events_session_id_idempotency_key",
+        "session_id",
+        "idempotency_key",
+        postgresql_where=text("idempotency_key IS NOT NULL"),
+        info=only("postgresql"),
+    ).ddl_if(dialect="postgresql"),
     # one session's events of a type (the session page's narrow reads; migration 0005)
     Index("ix_events_session_id_type_version", "session_id", "type", "version"),
     # the provider reports in log order, and nothing else (calibration's catch-up read; migration 0009)

@@ -15,7 +15,8 @@ Writes
 One append = one transaction: the events (versions ``expected+1 …``, no gaps) and
 the session's projection row (folded by the caller's ``Projector``) commit
 together or not at all. Optimistic concurrency: the caller passes the version it
-last saw; ``UNIQUE (session_id, version)`` plus a compare-and-set on
+last saw; ``UNIQUE (session_id, version)`` (on PostgreSQL, whose ``events`` is partitioned, the
+``ct_events_unique`` triggers of migration 0011) plus a compare-and-set on
 ``sessions.version`` make exactly one of several racing writers win each version;
 the others get ``ConcurrencyConflict`` (with ``expected``/``actual``, and the current
 state when it is known). An append may carry an idempotency key (stored on its first
