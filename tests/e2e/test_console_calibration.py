@@ -25,7 +25,7 @@ from tests.support.api import api_server
 from tests.support.bench import CODING_AGENT, SimProvider, session
 from tests.support.browser import CONSOLE_MARKS, shoot, shot_folders, sign_in
 
-pytestmark = CONSOLE_MARKS
+pytestmark = [*CONSOLE_MARKS, pytest.mark.feed]  # the server's calibration reads the feed: on a private cluster
 
 ESTIMATED = "claude-sonnet-4-5"  # the shipped registry counts it with the heuristic without an API key
 EXACT = "gpt-4o"
@@ -76,7 +76,7 @@ def seed_sessions(url: str, fleets: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def server(tmp_path_factory, private_pg):
     d = tmp_path_factory.mktemp("console-calibration")
     seen: dict[str, Any] = {}
 
@@ -84,7 +84,13 @@ def server(tmp_path_factory):
         seen.update(seed_sessions(url, fleets))
 
     with api_server(
-        fleets=("alpha", "beta"), redis=False, clean=True, operator_key=True, seed=seed, prefix="console_cal"
+        fleets=("alpha", "beta"),
+        redis=False,
+        clean=True,
+        operator_key=True,
+        seed=seed,
+        prefix="console_cal",
+        admin_url=private_pg.admin_url,
     ) as api:
         assert api.operator is not None
         shots = shot_folders(d)
