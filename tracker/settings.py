@@ -348,7 +348,8 @@ class CalibrationSettings(Section):
         2.0,
         ge=0,
         allow_inf_nan=False,
-        description="how often a process reads new usage reports and rejections of other processes from the log",
+        description="how often a process's background refresh reads new usage reports and rejections of other "
+        "processes from the log (decisions never read it; at least 0.05 s apart)",
     )
 
 
