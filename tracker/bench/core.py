@@ -8,8 +8,18 @@ import time
 from typing import Any
 
 from tracker.bench.stats import over_rounds, throughput
-from tracker.core import Basis, Measurement, ModelRef, Policy, SessionState, decide_commit, decide_measure, fold
-from tracker.core.events import DomainEvent
+from tracker.core import (
+    Basis,
+    Measurement,
+    ModelRef,
+    Policy,
+    SessionState,
+    apply,
+    decide_commit,
+    decide_measure,
+    fold,
+)
+from tracker.core.events import ContextMeasured, DomainEvent
 from tracker.errors import IntegrityError
 
 
@@ -51,7 +61,9 @@ def _drive(ops: list[tuple[str, int]], policy: Policy) -> tuple[int, list[Domain
     return decisions, events, state
 
 
-def _round(ops: list[tuple[str, int]]) -> dict[str, Any]:
+def _round(ops: list[tuple[str, int]], recorded: list[DomainEvent]) -> dict[str, Any]:
+    """One round's figures; ``recorded``: this round's events (the last round's are kept, no more)."""
+    recorded.clear()
     w0, c0 = time.perf_counter(), time.process_time()
     decisions, events, final = _drive(ops, Policy(turn_delta=0.2))
     w1, c1 = time.perf_counter(), time.process_time()
@@ -59,6 +71,7 @@ def _round(ops: list[tuple[str, int]]) -> dict[str, Any]:
     w2, c2 = time.perf_counter(), time.process_time()
     if folded != final:  # the bench doubles as a check that fold == the live state
         raise IntegrityError("fold of the benchmark's events differs from the live state")
+    recorded[:] = events
     return {
         "decisions": decisions,
         "decisions_per_s": round(throughput(decisions, w1 - w0)),
@@ -70,8 +83,27 @@ def _round(ops: list[tuple[str, int]]) -> dict[str, Any]:
     }
 
 
+def replayed(events: list[DomainEvent], policy: Policy) -> int:
+    """Re-decide every recorded measurement on the state folded from the events before it (as
+    replay does) and check it decides what was recorded; the number re-decided."""
+    state = SessionState(session_id="bench")
+    n = 0
+    for e in events:
+        if isinstance(e, ContextMeasured):
+            again = decide_measure(state, policy, e.measurement, now=e.at, new_attempt_id="replay").events
+            if not again or again[0] != e:
+                raise IntegrityError(f"replay re-decided the measurement at {e.at} differently: {again[:1]} != {e}")
+            n += 1
+        state = apply(state, e)
+    return n
+
+
 def run_core_bench(quick: bool = False, rounds: int = 3) -> dict[str, Any]:
     """``decide_*`` over a generated trace, then ``fold`` of the events it produced, in ``rounds``
-    rounds: each figure is the rounds' median, with its ``spread`` (``stats.over_rounds``)."""
+    rounds: each figure is the rounds' median, with its ``spread`` (``stats.over_rounds``). Then,
+    untimed, replay: every recorded measurement re-decided the same (``replayed_equal``)."""
     ops = generated_trace(20_000 if quick else 200_000)
-    return over_rounds([_round(ops) for _ in range(rounds)], ndigits=0)
+    events: list[DomainEvent] = []
+    figures = over_rounds([_round(ops, events) for _ in range(rounds)], ndigits=0)
+    figures["replayed_equal"] = replayed(events, Policy(turn_delta=0.2))
+    return figures
