@@ -97,6 +97,7 @@ class Tracker(TrackerProtocol):
         self._record = self._writer.record
 
     def close(self) -> None:
+        self.calibrations.close()  # its background refresh reads the store: stopped first
         self.store.close()
         self.coordinator.close()
         close = getattr(self.counting, "close", None)

@@ -342,7 +342,8 @@ class CalibrationSettings(Section):
     )
     calibration_refresh_s: SecondsOrZero = Field(
         2.0,
-        description="how often a process reads new usage reports and rejections of other processes from the log",
+        description="how often a process's background refresh reads new usage reports and rejections of other "
+        "processes from the log (decisions never read it; at least 0.05 s apart)",
     )
 
 

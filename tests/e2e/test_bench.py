@@ -27,6 +27,8 @@ def test_bench_core_prints_figures():
     core = result["core"]
     assert core["decisions"] > 0 and core["events"] >= core["decisions"]
     assert core["decisions_per_s"] > 0 and core["fold_events_per_s"] > 0
+    assert core["decisions_per_cpu_s"] > 0 and core["fold_events_per_cpu_s"] > 0 and core["rounds"] == 3
+    assert core["replayed_equal"] == core["decisions"]  # replay re-decided every measurement the same
 
 
 def test_bench_unknown_section_is_refused():

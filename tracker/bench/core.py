@@ -1,4 +1,5 @@
-"""Core bench: pure decisions per second and fold speed, no I/O at all."""
+"""Core bench: pure decisions per second and fold speed, no I/O at all (three rounds: medians and spread;
+per wall-clock second, and per second of this process's CPU, which other load on a shared machine moves least)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,19 @@ import random
 import time
 from typing import Any
 
-from tracker.bench.stats import throughput
-from tracker.core import Basis, Measurement, ModelRef, Policy, SessionState, decide_commit, decide_measure, fold
-from tracker.core.events import DomainEvent
+from tracker.bench.stats import over_rounds, throughput
+from tracker.core import (
+    Basis,
+    Measurement,
+    ModelRef,
+    Policy,
+    SessionState,
+    apply,
+    decide_commit,
+    decide_measure,
+    fold,
+)
+from tracker.core.events import ContextMeasured, DomainEvent
 from tracker.errors import IntegrityError
 
 
@@ -50,19 +61,49 @@ def _drive(ops: list[tuple[str, int]], policy: Policy) -> tuple[int, list[Domain
     return decisions, events, state
 
 
-def run_core_bench(quick: bool = False) -> dict[str, Any]:
-    """``decide_*`` over a generated trace, then ``fold`` of the events it produced."""
-    ops = generated_trace(20_000 if quick else 200_000)
-    t0 = time.perf_counter()
+def _round(ops: list[tuple[str, int]], recorded: list[DomainEvent]) -> dict[str, Any]:
+    """One round's figures; ``recorded``: this round's events (the last round's are kept, no more)."""
+    recorded.clear()
+    w0, c0 = time.perf_counter(), time.process_time()
     decisions, events, final = _drive(ops, Policy(turn_delta=0.2))
-    t1 = time.perf_counter()
+    w1, c1 = time.perf_counter(), time.process_time()
     folded = fold(events, "bench")
-    t2 = time.perf_counter()
+    w2, c2 = time.perf_counter(), time.process_time()
     if folded != final:  # the bench doubles as a check that fold == the live state
         raise IntegrityError("fold of the benchmark's events differs from the live state")
+    recorded[:] = events
     return {
         "decisions": decisions,
-        "decisions_per_s": round(throughput(decisions, t1 - t0)),
+        "decisions_per_s": round(throughput(decisions, w1 - w0)),
         "events": len(events),
-        "fold_events_per_s": round(throughput(len(events), t2 - t1)),
+        "fold_events_per_s": round(throughput(len(events), w2 - w1)),
+        # the same over this process's CPU time: what another process on a shared machine moves least
+        "decisions_per_cpu_s": round(throughput(decisions, max(c1 - c0, 1e-9))),
+        "fold_events_per_cpu_s": round(throughput(len(events), max(c2 - c1, 1e-9))),
     }
+
+
+def replayed(events: list[DomainEvent], policy: Policy) -> int:
+    """Re-decide every recorded measurement on the state folded from the events before it (as
+    replay does) and check it decides what was recorded; the number re-decided."""
+    state = SessionState(session_id="bench")
+    n = 0
+    for e in events:
+        if isinstance(e, ContextMeasured):
+            again = decide_measure(state, policy, e.measurement, now=e.at, new_attempt_id="replay").events
+            if not again or again[0] != e:
+                raise IntegrityError(f"replay re-decided the measurement at {e.at} differently: {again[:1]} != {e}")
+            n += 1
+        state = apply(state, e)
+    return n
+
+
+def run_core_bench(quick: bool = False, rounds: int = 3) -> dict[str, Any]:
+    """``decide_*`` over a generated trace, then ``fold`` of the events it produced, in ``rounds``
+    rounds: each figure is the rounds' median, with its ``spread`` (``stats.over_rounds``). Then,
+    untimed, replay: every recorded measurement re-decided the same (``replayed_equal``)."""
+    ops = generated_trace(20_000 if quick else 200_000)
+    events: list[DomainEvent] = []
+    figures = over_rounds([_round(ops, events) for _ in range(rounds)], ndigits=0)
+    figures["replayed_equal"] = replayed(events, Policy(turn_delta=0.2))
+    return figures

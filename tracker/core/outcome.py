@@ -83,8 +83,18 @@ class Outcome:
 
 
 def outcome(state: SessionState, events: list[ev.DomainEvent], **kw: Any) -> Outcome:
-    """The ``Outcome`` of recording ``events`` on ``state`` (the new state is folded with ``apply``)."""
-    return Outcome(events=tuple(events), state=fold(events, state.session_id, state), **kw)
+    """The ``Outcome`` of recording ``events`` on ``state`` (the new state is folded with ``apply``).
+    Built without the frozen ``__init__``'s ``object.__setattr__`` per field (every decision makes one)."""
+    unknown = kw.keys() - _OPTIONAL
+    if unknown:
+        raise TypeError(f"outcome() got unexpected keywords {sorted(unknown)}")
+    values = {"events": tuple(events), "state": fold(events, state.session_id, state), **_NONE, **kw}
+    return built(Outcome, values)
+
+
+#: the ``Outcome`` fields a decision may leave out (None when not given)
+_OPTIONAL = frozenset(f.name for f in fields(Outcome) if f.default is None)
+_NONE = dict.fromkeys(_OPTIONAL)
 
 
 # -- the refusals a decision can record (one constructor each; `recorded.py` rebuilds them too) --

@@ -34,13 +34,15 @@ def _version() -> str:
 
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-    """Size the request thread pool, check the database (connect, schema) if we can; close at shutdown."""
+    """Size the request thread pool, check the database (connect, schema) and load the calibration
+    book (so no request reads the log for it) if we can; close at shutdown."""
     import anyio.to_thread
 
     runtime: Runtime = app.state.runtime
     anyio.to_thread.current_default_thread_limiter().total_tokens = runtime.settings.api.api_threads
     try:
         await anyio.to_thread.run_sync(runtime.fleets)
+        await anyio.to_thread.run_sync(lambda: runtime.tracker().calibrations.start())
     except TrackerError as exc:
         log.error("not ready yet: %s (%s); /readyz will say when it is", exc.message, exc.code)
     try:
