@@ -45,6 +45,7 @@ HTTP API) and ``to_dict()`` so it can travel as data between processes.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 
@@ -72,6 +73,13 @@ class InvalidInput(TrackerError, ValueError):
         super().__init__(f"{field}: {problem}", field=field, **details)
         self.field = field
         self.problem = problem
+
+
+def an_object(field: str, value: Any) -> Mapping[str, Any]:
+    """``value`` if it is an object (a mapping, as JSON objects decode), else ``InvalidInput`` naming ``field``."""
+    if not isinstance(value, Mapping):
+        raise InvalidInput(field, f"must be an object, got {type(value).__name__}")
+    return value
 
 
 class InvalidPolicy(InvalidInput):

@@ -34,7 +34,7 @@ from typing import Any
 
 from tracker.core.calibration import FACTOR_GRID, FACTOR_MAX, FACTOR_MIN, MIN_MARGIN
 from tracker.core.model import JSON_SAFE_INT, ceil_div, is_int
-from tracker.errors import InvalidInput
+from tracker.errors import InvalidInput, an_object
 
 #: the kinds of content a request's shape names (``tracker.counting.counters.content_kind``)
 CONTENT_KINDS = ("latin", "cjk", "other_script")
@@ -98,9 +98,7 @@ class RequestShape:
 
     @classmethod
     def from_data(cls, data: Any) -> RequestShape:
-        if not isinstance(data, dict):
-            raise InvalidInput("shape", f"must be an object, got {type(data).__name__}")
-        get = data.get
+        get = an_object("shape", data).get
         return cls(get("messages"), get("chain"), get("at"), get("at_chain"), get("content"))  # type: ignore[arg-type]
 
 
@@ -149,9 +147,7 @@ class Anchor:
 
     @classmethod
     def from_data(cls, data: Any) -> Anchor:
-        if not isinstance(data, dict):
-            raise InvalidInput("anchor", f"must be an object, got {type(data).__name__}")
-        get = data.get
+        get = an_object("anchor", data).get
         return cls(get("basis"), get("billed"), get("counted"), get("factor_bp"), get("estimated_delta"))  # type: ignore[arg-type]
 
 

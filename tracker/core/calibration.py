@@ -103,7 +103,7 @@ from functools import cached_property
 from typing import Any
 
 from tracker.core.model import JSON_SAFE_INT, QUALITY_HEURISTIC, ceil_div, is_int
-from tracker.errors import InvalidInput
+from tracker.errors import InvalidInput, an_object
 
 __all__ = [
     "CALIBRATED_QUALITIES",
@@ -265,8 +265,7 @@ class Calibration:
     @classmethod
     def from_data(cls, data: Any) -> Calibration:
         """The inverse of ``to_data`` (a recorded decision's calibration, for replay and what-if)."""
-        if not isinstance(data, dict):
-            raise InvalidInput("calibration", f"must be an object, got {type(data).__name__}")
+        an_object("calibration", data)
         bp = data.get("factor_bp")
         if not isinstance(bp, int) or isinstance(bp, bool):
             raise InvalidInput("calibration.factor_bp", f"must be an integer, got {bp!r}")
@@ -277,7 +276,7 @@ class Calibration:
             raise InvalidInput("calibration.median", f"must be a fraction 'p/q': {exc}") from None
         return cls(
             factor=Fraction(bp, FACTOR_GRID),
-            samples=data.get("samples"),  # type: ignore[arg-type]
+            samples=data.get("samples"),
             median=median,
             mad=mad,
             bounded=bool(data.get("bounded", False)),

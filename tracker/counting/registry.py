@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 from tracker.core.model import QUALITIES, is_int, resolve_input_limit
 from tracker.counting.base import Counter, ModelSpec
-from tracker.errors import ContextLimitUnknown, InvalidCountModel, InvalidInput
+from tracker.errors import ContextLimitUnknown, InvalidCountModel, InvalidInput, an_object
 
 if TYPE_CHECKING:  # pragma: no cover
     from tracker.core.policy import Policy
@@ -145,8 +145,7 @@ def spec_from_data(name: str, data: Mapping[str, Any]) -> ModelSpec:
     where = f"models.{name}"
     if not isinstance(name, str) or not name:
         raise InvalidInput("models", f"model names must be non-empty strings, got {name!r}")
-    if not isinstance(data, Mapping):
-        raise InvalidInput(where, f"must be an object, got {type(data).__name__}")
+    an_object(where, data)
     unknown = sorted(set(data) - set(_FIELDS))
     if unknown:
         raise InvalidInput(f"{where}.{unknown[0]}", f"is not a model field ({', '.join(_FIELDS)})")
@@ -178,8 +177,7 @@ def spec_from_data(name: str, data: Mapping[str, Any]) -> ModelSpec:
     if not isinstance(aliases, (list, tuple)) or not all(isinstance(a, str) and a for a in aliases):
         raise InvalidInput(f"{where}.aliases", "must be a list of non-empty strings")
     options = data.get("options") or {}
-    if not isinstance(options, Mapping):
-        raise InvalidInput(f"{where}.options", f"must be an object, got {type(options).__name__}")
+    an_object(f"{where}.options", options)
     return ModelSpec(
         name=name,
         provider=provider,

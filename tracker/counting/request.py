@@ -48,7 +48,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tracker.errors import InvalidInput
+from tracker.errors import InvalidInput, an_object
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 IMAGE_DETAILS = ("auto", "low", "high")
@@ -453,8 +453,7 @@ def _source_from_url(url: str) -> dict[str, Any]:
 
 
 def _parse_openai_tool_call(call: Any, field: str) -> ToolCallPart:
-    if not isinstance(call, Mapping):
-        raise InvalidInput(field, f"must be an object, got {type(call).__name__}")
+    an_object(field, call)
     fn = call.get("function")
     if not isinstance(fn, Mapping):
         raise InvalidInput(field + ".function", "must be an object with 'name' and 'arguments'")
@@ -480,8 +479,7 @@ def _tool_call(call_id: Any, name: Any, args: Any, field: str, args_field: str, 
 
 
 def _parse_tool(t: Any, field: str) -> ToolDef:
-    if not isinstance(t, Mapping):
-        raise InvalidInput(field, f"must be an object, got {type(t).__name__}")
+    an_object(field, t)
     if isinstance(t.get("function"), Mapping):  # OpenAI chat: {"type": "function", "function": {...}}
         fn = t["function"]
         prefix = field + ".function"
