@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import random
 import re
+from collections import Counter
 from dataclasses import dataclass
 
 from tracker.counting.counters import memoized
@@ -133,37 +134,51 @@ GEMINI_LIKE = Profile(
 )
 
 
+def _piece_cost(piece: str, p: Profile) -> tuple[int, int, int, int]:
+    """One piece's tokens, and its accented, Greek/Cyrillic and CJK letters (priced per text)."""
+    word = piece.lstrip(" ") or piece
+    c = word[0]
+    if "a" <= c.lower() <= "z" or "\u00c0" <= c <= "\u024f":
+        tokens = 0
+        for run in _CASE_RUNS.findall(_ACCENTED.sub("a", word)) or [word]:
+            per = p.caps_chars if run.isupper() and len(run) > 1 else p.word_chars
+            tokens += 1 + (len(run) - 1) // per
+        return tokens, len(_ACCENTED.findall(word)), 0, 0
+    if "\u0370" <= c <= "\u052f":
+        return 0, 0, len(word), 0
+    if "0" <= c <= "9":
+        return _ceil(len(word), p.digit_chars), 0, 0, 0
+    if c in "\r\n":
+        return 1, 0, 0, 0
+    if c in " \t":
+        return _ceil(len(piece), p.space_chars), 0, 0, 0
+    if "\u3040" <= c <= "\ufaff":
+        return 0, 0, 0, 1
+    if ord(c) >= 0x10000:
+        return p.astral, 0, 0, 0
+    return _ceil(len(piece) * p.punct_num, p.punct_den), 0, 0, 0
+
+
+#: each profile's priced pieces: a text is priced piece by piece, and its pieces repeat
+_PRICED: dict[Profile, dict[str, tuple[int, int, int, int]]] = {}
+_PRICED_MAX = 200_000
+
+
 def sim_text_tokens(text: str, p: Profile) -> int:
     if not text:
         return 0
-    total = 0
-    accented = 0  # accented Latin letters, each costing accented_num / accented_den more
-    cyrillic = 0  # Greek / Cyrillic letters
-    cjk = 0
-    for piece in _PIECES.findall(text):
-        word = piece.lstrip(" ") or piece
-        c = word[0]
-        if "a" <= c.lower() <= "z" or "\u00c0" <= c <= "\u024f":
-            n_acc = len(_ACCENTED.findall(word))
-            accented += n_acc
-            ascii_word = _ACCENTED.sub("a", word)
-            for run in _CASE_RUNS.findall(ascii_word) or [ascii_word]:
-                per = p.caps_chars if run.isupper() and len(run) > 1 else p.word_chars
-                total += 1 + (len(run) - 1) // per
-        elif "\u0370" <= c <= "\u052f":
-            cyrillic += len(word)
-        elif "0" <= c <= "9":
-            total += _ceil(len(word), p.digit_chars)
-        elif c in "\r\n":
-            total += 1
-        elif c in " \t":
-            total += _ceil(len(piece), p.space_chars)
-        elif "\u3040" <= c <= "\ufaff":
-            cjk += 1
-        elif ord(c) >= 0x10000:
-            total += p.astral
-        else:
-            total += _ceil(len(piece) * p.punct_num, p.punct_den)
+    priced = _PRICED.setdefault(p, {})
+    if len(priced) > _PRICED_MAX:
+        priced.clear()
+    total = accented = cyrillic = cjk = 0
+    for piece, n in Counter(_PIECES.findall(text)).items():
+        cost = priced.get(piece)
+        if cost is None:
+            cost = priced[piece] = _piece_cost(piece, p)
+        total += n * cost[0]
+        accented += n * cost[1]
+        cyrillic += n * cost[2]
+        cjk += n * cost[3]
     total += _ceil(accented * p.accented_num, p.accented_den)
     total += _ceil(cyrillic * p.cyrillic_num, p.cyrillic_den)
     return total + _ceil(cjk * p.cjk_num, p.cjk_den)

@@ -1,6 +1,9 @@
 """What a type checker sees of the public calls: the keyword arguments declared once
 (``ObserveOptions``, ``CompactionOptions``, ``GuardOptions``) are named, typed keyword parameters
-of ``Tracker``, both clients, both protocols and the integrations (mypy, on a small typed program)."""
+of ``Tracker``, both clients, both protocols and the integrations (mypy, on a small typed program).
+
+Not a unit test: mypy checks the programs against the whole package, which takes about a minute of
+CPU when its cache is cold (a fresh clone), so it runs with the integration tests."""
 
 from __future__ import annotations
 
