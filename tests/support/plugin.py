@@ -20,6 +20,8 @@ Markers:
   file lock the workers share: exclusive for a serial test, shared for any other; a waiting serial test
   lets no new test start, so it never starves). Unit tests are spread one by one; the tests of an
   integration or e2e module stay together on one worker (their module-scoped servers are built once).
+* ``@pytest.mark.slow``: takes more than a few seconds; under xdist its group is handed out early
+  (``_heaviest_first``).
 """
 
 from __future__ import annotations
@@ -52,6 +54,32 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group("serial"))
         elif module.startswith(("tests.integration.", "tests.e2e.")):
             item.add_marker(pytest.mark.xdist_group(module.rsplit(".", 1)[-1]))
+    if getattr(config, "workerinput", None) is not None:
+        items[:] = _heaviest_first(items)
+
+
+def _group(item: pytest.Item) -> str:
+    for mark in item.iter_markers("xdist_group"):
+        return str(mark.args[0] if mark.args else mark.kwargs["name"])
+    return item.nodeid
+
+
+def _heaviest_first(items: list[pytest.Item]) -> list[pytest.Item]:
+    """The order pytest-xdist hands out groups in (``--no-loadscope-reorder``): the serial group,
+    then every group with a ``slow`` test, then the other integration and e2e modules, then the unit
+    tests one by one, so that the last minutes are short tests filling both workers rather than one
+    long module keeping one worker busy while the other has nothing left. Each group keeps its order."""
+    rank: dict[str, int] = {}
+    for item in items:
+        group = _group(item)
+        if group == "serial":
+            r = 0
+        elif item.get_closest_marker("slow") is not None:
+            r = 1
+        else:
+            r = 3 if item.nodeid.startswith("tests/unit/") else 2
+        rank[group] = min(rank.get(group, r), r)
+    return sorted(items, key=lambda item: rank[_group(item)])
 
 
 def _is_serial(item: pytest.Item) -> bool:
