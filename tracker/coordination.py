@@ -46,6 +46,7 @@ coordinator degrades, and the store's version check guards the appends meanwhile
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -53,9 +54,6 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, Protocol
-
-import redis
-from redis.exceptions import ClusterError, ReadOnlyError, RedisClusterException, ResponseError, TryAgainError
 
 from tracker.settings import RedisTarget, parse_redis_url
 
@@ -164,21 +162,40 @@ WAKE_CHECK_S = 0.5
 #: how often a Sentinel coordinator asks which server is the primary (when it uses Redis at all)
 SENTINEL_CHECK_S = 1.0
 
-#: errors that mean "Redis is not there right now" (down, failing over, resharding): run uncoordinated
-_UNAVAILABLE: tuple[type[BaseException], ...] = (
-    redis.ConnectionError,
-    redis.TimeoutError,
-    OSError,
-    ClusterError,  # CLUSTERDOWN, MASTERDOWN
-    RedisClusterException,  # no node reachable, slot not covered
-    TryAgainError,
-    ReadOnlyError,  # a demoted primary behind a fixed address
-)
+# redis-py is imported where Redis is used (a RedisCoordinator, a client), not with this module: a
+# process without TRACKER_REDIS_URL (every CLI command on the embedded default) never loads it.
+
+
+@functools.cache
+def _unavailable_errors() -> tuple[type[BaseException], ...]:
+    """Errors that mean "Redis is not there right now" (down, failing over, resharding): run uncoordinated."""
+    import redis
+    from redis.exceptions import ClusterError, ReadOnlyError, RedisClusterException, TryAgainError
+
+    return (
+        redis.ConnectionError,
+        redis.TimeoutError,
+        OSError,
+        ClusterError,  # CLUSTERDOWN, MASTERDOWN
+        RedisClusterException,  # no node reachable, slot not covered
+        TryAgainError,
+        ReadOnlyError,  # a demoted primary behind a fixed address
+    )
+
+
+def _client_errors() -> tuple[type[BaseException], ...]:
+    """What a redis-py client raises when its server or connection is gone (for ``except``)."""
+    import redis
+    from redis.exceptions import RedisClusterException
+
+    return (redis.RedisError, RedisClusterException, OSError)
 
 
 def unavailable(exc: BaseException) -> bool:
     """True when ``exc`` says Redis is unreachable or changing hands (not a bug of ours)."""
-    if isinstance(exc, _UNAVAILABLE):
+    from redis.exceptions import ResponseError
+
+    if isinstance(exc, _unavailable_errors()):
         return True
     # a blocked BLPOP is released with "-UNBLOCKED" when its server turns into a replica
     return isinstance(exc, ResponseError) and str(exc).startswith(("UNBLOCKED", "LOADING", "MASTERDOWN"))
@@ -186,6 +203,8 @@ def unavailable(exc: BaseException) -> bool:
 
 def redis_client(url: str | RedisTarget, *, socket_timeout: float | None, connect_timeout: float) -> Any:
     """A redis-py client for any ``TRACKER_REDIS_URL`` topology (the cluster one connects here: may raise)."""
+    import redis
+
     target = parse_redis_url(url) if isinstance(url, str) else url
     if target.kind == "single":
         return redis.Redis.from_url(target.url, socket_timeout=socket_timeout, socket_connect_timeout=connect_timeout)
@@ -230,8 +249,10 @@ class _Client:
                         self._client = redis_client(
                             self._target, socket_timeout=self._timeout, connect_timeout=self._connect
                         )
-                    except (RedisClusterException, redis.RedisError, OSError) as exc:
-                        raise redis.ConnectionError(f"cannot reach the Redis {self._target.kind}: {exc}") from exc
+                    except _client_errors() as exc:
+                        from redis import ConnectionError as RedisConnectionError
+
+                        raise RedisConnectionError(f"cannot reach the Redis {self._target.kind}: {exc}") from exc
                 client = self._client
         return client
 
@@ -244,7 +265,7 @@ class _Client:
         if client is not None:
             try:
                 client.close()
-            except (redis.RedisError, RedisClusterException, OSError):  # pragma: no cover - closing a dead client
+            except _client_errors():  # pragma: no cover - closing a dead client
                 pass
 
 
@@ -376,6 +397,8 @@ class RedisCoordinator:
 
     def _subscribe(self) -> None:
         """Receive hints until closed; reconnect with backoff when Redis goes away (or fails over)."""
+        from redis import ConnectionError as RedisConnectionError
+
         backoff = 0.1
         while not self._closed.is_set():
             holder = _Client(self._target, None, 1.0)
@@ -391,12 +414,12 @@ class RedisCoordinator:
                     if primary is not None and time.monotonic() - checked >= SENTINEL_CHECK_S:
                         checked = time.monotonic()
                         if client.connection_pool.get_master_address() != primary:
-                            raise redis.ConnectionError("the Sentinel primary moved: resubscribing there")
+                            raise RedisConnectionError("the Sentinel primary moved: resubscribing there")
                     message = pubsub.get_message(timeout=min(1.0, SENTINEL_CHECK_S))
                     if message and message.get("type") == "message":
                         data = message["data"]
                         self._listeners.notify(data.decode() if isinstance(data, bytes) else str(data))
-            except (redis.RedisError, RedisClusterException, OSError) as exc:
+            except _client_errors() as exc:
                 log.debug("attempt-ended subscription lost (%s); retrying", exc)
                 self._closed.wait(backoff)
                 backoff = min(backoff * 2, 5.0)
@@ -404,7 +427,7 @@ class RedisCoordinator:
                 try:
                     if pubsub is not None:
                         pubsub.close()
-                except (redis.RedisError, RedisClusterException, OSError):  # pragma: no cover - a dead connection
+                except _client_errors():  # pragma: no cover - a dead connection
                     pass
                 holder.close()
 

@@ -396,3 +396,37 @@ def test_unupgraded_postgres_is_refused_with_the_fix(tmp_path, pg_url):
     _check_refuses_unupgraded(cli, (("sessions",), ("replay", "s1")))
     cli.run("db", "upgrade")
     assert cli.json("verify", "--json")["ok"] is True
+
+
+# A fresh interpreter running the CLI, that says on its last stderr line which of ``WATCHED`` it loaded.
+_LOADED = (
+    "import atexit, json, sys\n"
+    "watched = set(sys.argv[1].split(','))\n"
+    "atexit.register(lambda: print(json.dumps(sorted({m.split('.')[0] for m in sys.modules} & watched)), file=sys.stderr))\n"
+    "sys.argv = ['tracker', *sys.argv[2:]]\n"
+    "from tracker.cli import main\n"
+    "main()\n"
+)
+
+
+def test_a_command_on_the_embedded_default_loads_no_client_it_does_not_use(tmp_path):
+    """On SQLite without Redis or a provider's counting API, a command imports neither redis-py, httpx nor
+    psycopg (each is a tenth of a second of every command's start, ``tracker serve``'s too)."""
+    import sys
+
+    from tracker.store import upgrade
+
+    url = f"sqlite:///{tmp_path / 't.db'}"
+    upgrade(url)
+    watched = "redis,httpx,psycopg,sqlalchemy"
+    env = base_env(TRACKER_DATABASE_URL=url)
+    for argv in (  # the write path (service, coordination, counting) and the read side
+        ["observe", "s1", "--basis", "m1", "--input-tokens", "150000", "--input-limit", "175000", "--json"],
+        ["history", "s1", "--json"],
+    ):
+        out = subprocess.run(
+            [sys.executable, "-c", _LOADED, watched, *argv], cwd=tmp_path, env=env, capture_output=True, text=True
+        )
+        assert out.returncode == 0, (argv, out.stderr[-2000:])
+        # sqlalchemy: the probe sees what the command loaded (it opened the database)
+        assert json.loads(out.stderr.splitlines()[-1]) == ["sqlalchemy"], (argv, out.stderr[-2000:])

@@ -49,13 +49,12 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-import httpx
-
 from tracker.counting.base import QUALITY_EXACT_PROVIDER, CountResult, ModelSpec, remaining_time
 from tracker.counting.request import CanonicalRequest, ImagePart, Message, TextPart, ToolCallPart, ToolResultPart
 from tracker.errors import CountTimeout, InvalidCountModel, MalformedMeasurement
 
 if TYPE_CHECKING:  # pragma: no cover
+    import httpx  # imported where a count is sent: a process that never asks a provider never loads it
     from pydantic import SecretStr
 
     from tracker.settings import ProviderSettings
@@ -90,6 +89,8 @@ class HttpCounter:
         if client is None or self._client_pid != pid:  # a forked worker child gets its own pool
             with self._lock:
                 if self._client is None or self._client_pid != pid:
+                    import httpx
+
                     self._client = httpx.Client(
                         limits=httpx.Limits(max_connections=64, max_keepalive_connections=16),
                         transport=httpx.HTTPTransport(retries=0),
@@ -129,6 +130,8 @@ class HttpCounter:
         if remaining <= 0:
             raise CountTimeout(f"{model.name}: no time left to ask {self.name}", model=model.name, cause="timeout")
         headers = {"content-type": "application/json", "accept": "application/json", **self.headers(model)}
+        import httpx
+
         started = time.monotonic()
         try:
             resp = self._http().post(self.url, content=payload, headers=headers, timeout=httpx.Timeout(remaining))

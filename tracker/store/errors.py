@@ -16,37 +16,48 @@ the same everywhere. ``run_core`` runs one read on a Core connection through it.
 from __future__ import annotations
 
 import sqlite3
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import psycopg
 from sqlalchemy import exc as sa_exc
 
 from tracker.errors import StoreError, StoreUnavailable, TrackerError
 
-__all__ = ["DB_ERRORS", "is_unavailable", "map_db_errors", "run_core", "to_store_error"]
+__all__ = ["db_errors", "is_unavailable", "map_db_errors", "run_core", "to_store_error"]
 
 #: Errors meaning "the database cannot be reached now". ``sa_exc.TimeoutError``: no pooled
 #: connection free within pool_timeout (every connection busy, e.g. many request threads of
-#: ``tracker serve`` at once) -- the database is unavailable to us now.
+#: ``tracker serve`` at once) -- the database is unavailable to us now. (And psycopg's
+#: ``OperationalError`` / ``InterfaceError``: ``_psycopg_errors``.)
 _UNAVAILABLE: tuple[type[BaseException], ...] = (
     sa_exc.OperationalError,
     sa_exc.InterfaceError,
     sa_exc.TimeoutError,
     sqlite3.OperationalError,
-    psycopg.OperationalError,
-    psycopg.InterfaceError,
 )
 
-#: Every exception a database call can raise that ``map_db_errors`` translates.
-DB_ERRORS: tuple[type[BaseException], ...] = (sa_exc.SQLAlchemyError, sqlite3.Error, psycopg.Error)
+
+def _psycopg_errors(*names: str) -> tuple[type[BaseException], ...]:
+    """psycopg's error classes ``names``, if this process has loaded psycopg. It is not imported
+    here: a process on SQLite never loads it (a CLI command starts faster), and a psycopg error
+    can only come from a process that has (every PostgreSQL engine and fast path imports it)."""
+    psycopg = sys.modules.get("psycopg")
+    if psycopg is None:
+        return ()
+    return tuple(getattr(psycopg, name) for name in names)
+
+
+def db_errors() -> tuple[type[BaseException], ...]:
+    """Every exception a database call can raise that ``map_db_errors`` translates."""
+    return (sa_exc.SQLAlchemyError, sqlite3.Error, *_psycopg_errors("Error"))
 
 
 def is_unavailable(exc: BaseException) -> bool:
     """True if the driver/SQLAlchemy error ``exc`` means the database cannot be reached
     (rather than that it refused a statement)."""
-    if isinstance(exc, _UNAVAILABLE):
+    if isinstance(exc, _UNAVAILABLE + _psycopg_errors("OperationalError", "InterfaceError")):
         return True
     return isinstance(exc, sa_exc.DBAPIError) and exc.connection_invalidated
 
@@ -69,7 +80,7 @@ def map_db_errors(what: str) -> Iterator[None]:
         yield
     except TrackerError:
         raise
-    except DB_ERRORS as exc:
+    except db_errors() as exc:
         raise to_store_error(exc, what) from exc
 
 

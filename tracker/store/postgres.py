@@ -54,7 +54,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, cast
 
-import psycopg
 from sqlalchemy.engine import Engine
 
 from tracker.errors import StoreError
@@ -203,6 +202,8 @@ class _RetryableDisconnect(Exception):
 def _has_pending_input(raw: Any) -> bool:
     """Whether an idle connection's socket has something to read: nothing is expected between
     autocommit statements, so it is the server's goodbye (an error message, or EOF)."""
+    import psycopg  # loaded with the connection's driver already; not with this module (SQLite never needs it)
+
     try:
         ready, _, _ = select.select([raw.driver_connection.pgconn.socket], [], [], 0)
     except (OSError, ValueError, psycopg.Error):
@@ -310,6 +311,8 @@ class PgFastPath:
     @staticmethod
     def _cursor(raw: Any, client_side: bool) -> Any:
         """A cursor cached on the pooled connection (ClientCursor: several statements per round trip)."""
+        import psycopg  # loaded with the connection's driver already
+
         conn = raw.driver_connection
         slot = "ct_ccursor" if client_side else "ct_cursor"
         cur = raw.info.get(slot)
