@@ -62,6 +62,7 @@ class LogProbe:
         self.conn.close()
 
 
+@pytest.mark.slow
 def test_fuzz_the_openapi_document(fuzz_server):
     from schemathesis import GenerationMode
     from schemathesis.checks import not_a_server_error

@@ -99,6 +99,7 @@ def _kill_when(
             proc.wait()
 
 
+@pytest.mark.slow
 def test_archive_and_restore_killed_mid_run_lose_nothing(filled, url, tmp_path: Path):
     t, sids, original, folded = filled
     out = tmp_path / "archive"

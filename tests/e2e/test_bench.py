@@ -96,6 +96,7 @@ def test_sections_in_run_order():
     assert list(SECTIONS) == ["core", "store", "counting", "service", "http", "scale", "pooler", "calibration"]
 
 
+@pytest.mark.slow
 @pytest.mark.postgres
 def test_the_store_section_measures_both_sides_and_where_their_backends_wait():
     from tracker.bench.store import EVENT, run_store_bench

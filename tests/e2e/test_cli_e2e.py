@@ -255,6 +255,7 @@ class Worker:
         self.log.close()
 
 
+@pytest.mark.slow
 @pytest.mark.postgres
 @pytest.mark.redis
 @pytest.mark.celery

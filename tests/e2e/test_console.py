@@ -382,6 +382,7 @@ def test_the_overview_says_when_the_event_feed_is_held_back(page, browser, serve
 # -- after `tracker demo` -----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_after_the_demo_the_account_names_the_rejected_attempts(page, server, tmp_path):
     from tracker.store import upgrade
 

@@ -67,6 +67,7 @@ def test_the_two_commands_at_the_top_install_and_run_the_demo():
     assert "pip install -e '.[test]' && tracker demo" in top and "python3 -m pytest -q" in top
 
 
+@pytest.mark.slow
 def test_the_tour_runs_in_order_in_an_empty_folder(tmp_path):
     folder, other = tmp_path / "empty", tmp_path / "elsewhere"
     folder.mkdir()

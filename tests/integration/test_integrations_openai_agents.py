@@ -424,6 +424,7 @@ def test_two_concurrent_runs_on_one_session_compact_once(tracker):
         assert max(sent_tokens(tracker, model)) < INPUT_LIMIT
 
 
+@pytest.mark.slow
 @pytest.mark.postgres
 @pytest.mark.redis
 def test_two_agent_processes_on_one_session_compact_once(pg_url, redis_url):
