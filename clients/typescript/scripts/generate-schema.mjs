@@ -4,7 +4,7 @@
 //   node scripts/generate-schema.mjs path/to/openapi.json                # from a saved document
 //   node scripts/generate-schema.mjs --serve                             # starts a throwaway server (python3)
 //
-// test/schema.test.mjs regenerates it the same way from a freshly started server and fails when
+// test/client.test.mjs regenerates it the same way from a freshly started server and fails when
 // the checked-in file differs.
 import { readFile, writeFile } from "node:fs/promises";
 import { fileURLToPath } from "node:url";

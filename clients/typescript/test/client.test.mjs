@@ -1,9 +1,12 @@
-// TrackerClient against a real `tracker serve` (SQLite file database, a fleet and key made with the CLI):
+// TrackerClient against a real `tracker serve` (SQLite file database, two fleets and their keys):
 // the whole lifecycle, typed errors by class and code, bad input refused before any request with the
-// server's own code and field, and the retry rules against fake HTTP servers on loopback.
+// server's own code and field, and the retry rules against fake HTTP servers on loopback; and
+// src/schema.ts is what openapi-typescript makes of the OpenAPI document that server serves:
+// regenerated here and compared (run `npm run generate -- --serve` to refresh).
 import assert from "node:assert/strict";
 import { execFile } from "node:child_process";
 import { randomUUID } from "node:crypto";
+import { readFileSync } from "node:fs";
 import { createServer } from "node:http";
 import { after, before, describe, test } from "node:test";
 import {
@@ -26,6 +29,7 @@ import {
   WaitTimeout,
 } from "../dist/index.js";
 import { promisify } from "node:util";
+import { renderSchema } from "../scripts/render-schema.mjs";
 import { PYTHON, startTracker } from "./support/server.mjs";
 
 const LIMIT = 100_000;
@@ -51,6 +55,14 @@ before(async () => {
 });
 after(async () => {
   await server?.stop();
+});
+
+test("the checked-in schema types are the served OpenAPI document's", async () => {
+  const doc = await (await fetch(`${server.url}/openapi.json`)).json();
+  const fresh = await renderSchema(doc);
+  const committed = readFileSync(new URL("../src/schema.ts", import.meta.url), "utf8");
+  assert.ok(fresh.includes("ObserveIn") && fresh.includes("/v1/sessions/{session_id}/observe"));
+  assert.equal(committed, fresh, "src/schema.ts is stale: run `npm run generate -- --serve`");
 });
 
 describe("the lifecycle against tracker serve", () => {

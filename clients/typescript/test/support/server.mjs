@@ -1,5 +1,5 @@
-// A real `tracker serve` for the tests: SQLite file database in a temp dir, a fleet and an API key
-// made with the CLI (as tests/test_api.py does), on a free loopback port; stop() ends it and
+// A real `tracker serve` for the tests: SQLite file database in a temp dir, two fleets and an API key
+// each (made by fleets.py), on a free loopback port; stop() ends it and
 // removes the directory. The Python interpreter is $PYTHON (else python3); the tracker package
 // it imports is the one on its path ($PYTHONPATH in a worktree).
 import { execFile, spawn } from "node:child_process";
@@ -7,6 +7,7 @@ import { mkdtemp, rm, writeFile } from "node:fs/promises";
 import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { fileURLToPath } from "node:url";
 import { promisify } from "node:util";
 
 const run = promisify(execFile);
@@ -23,10 +24,13 @@ function freePort() {
   });
 }
 
-async function cli(env, ...args) {
-  const { stdout } = await run(PYTHON, ["-m", "tracker.cli", ...args], { env, timeout: 120_000 });
+async function python(env, ...args) {
+  const { stdout } = await run(PYTHON, args, { env, timeout: 120_000 });
   return stdout;
 }
+
+// the database, two fleets and their keys, made by one Python process (fleets.py says why)
+const FLEETS = fileURLToPath(new URL("fleets.py", import.meta.url));
 
 /**
  * @param {{ models?: object, env?: Record<string,string> }} [options]
@@ -48,13 +52,9 @@ export async function startTracker(options = {}) {
     env.TRACKER_MODELS_FILE = file;
   }
   Object.assign(env, options.env || {});
-  await cli(env, "db", "upgrade");
   const stamp = Date.now().toString(36);
-  const [fleet, other] = await Promise.all(
-    [`ts-${stamp}`, `ts-other-${stamp}`].map(async (name) => JSON.parse(await cli(env, "fleet", "create", name, "--json"))),
-  );
-  const [key, otherKey] = await Promise.all(
-    [fleet, other].map(async (f) => JSON.parse(await cli(env, "key", "create", f.name, "--json"))),
+  const [{ fleet, key }, { key: otherKey }] = JSON.parse(
+    await python(env, FLEETS, env.TRACKER_DATABASE_URL, `ts-${stamp}`, `ts-other-${stamp}`),
   );
   const port = await freePort();
   const proc = spawn(PYTHON, ["-m", "tracker.cli", "serve", "--port", String(port), "--no-access-log"], {
