@@ -24,6 +24,7 @@ from __future__ import annotations
 import random
 import re
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tracker.counting.counters import memoized
@@ -289,30 +290,26 @@ def prose(rng: random.Random, words: int) -> str:
     return "\n\n".join(paras)
 
 
+#: one line of code each, from three identifiers (the same draws, in the same order, as ever)
+_CODE_LINES: tuple[Callable[[random.Random, str, str, str], str], ...] = (
+    lambda rng, a, b, c: f"def {a}({b}, {c}={rng.randint(0, 999)}):",
+    lambda rng, a, b, c: f"if {a}.{b} is not None and len({c}) > {rng.randint(1, 64)}:",
+    lambda rng, a, b, c: f"{a} = {b}.get('{c}', {{}}).get(\"{rng.choice(_IDENTS)}\")",
+    lambda rng, a, b, c: f"return [{a}[i] for i in range({b}, {c} + {rng.randint(1, 9)})]",
+    lambda rng, a, b, c: f"# {_words(rng, _ENGLISH, rng.randint(5, 12), (5, 12))}",
+    lambda rng, a, b, c: f'raise ValueError(f"{a}: {{{b}!r}} exceeds {rng.randint(100, 99999)}")',
+    lambda rng, a, b, c: f"for {a}, {b} in enumerate(self.{c}):",
+    lambda rng, a, b, c: f"{a}_{b} = {c} * 0x{rng.getrandbits(24):06x} // {rng.randint(2, 4096)}",
+    lambda rng, a, b, c: f'logger.debug("{a}=%s {b}=%d", {a}, {c})',
+)
+
+
 def code(rng: random.Random, lines: int) -> str:
     out = []
     indent = 0
     for _ in range(lines):
         a, b, c = rng.choice(_IDENTS), rng.choice(_IDENTS), rng.choice(_IDENTS)
-        kind = rng.randrange(9)
-        if kind == 0:
-            line = f"def {a}({b}, {c}={rng.randint(0, 999)}):"
-        elif kind == 1:
-            line = f"if {a}.{b} is not None and len({c}) > {rng.randint(1, 64)}:"
-        elif kind == 2:
-            line = f"{a} = {b}.get('{c}', {{}}).get(\"{rng.choice(_IDENTS)}\")"
-        elif kind == 3:
-            line = f"return [{a}[i] for i in range({b}, {c} + {rng.randint(1, 9)})]"
-        elif kind == 4:
-            line = f"# {_words(rng, _ENGLISH, rng.randint(5, 12), (5, 12))}"
-        elif kind == 5:
-            line = f'raise ValueError(f"{a}: {{{b}!r}} exceeds {rng.randint(100, 99999)}")'
-        elif kind == 6:
-            line = f"for {a}, {b} in enumerate(self.{c}):"
-        elif kind == 7:
-            line = f"{a}_{b} = {c} * 0x{rng.getrandbits(24):06x} // {rng.randint(2, 4096)}"
-        else:
-            line = f'logger.debug("{a}=%s {b}=%d", {a}, {c})'
+        line = _CODE_LINES[rng.randrange(len(_CODE_LINES))](rng, a, b, c)
         out.append("    " * indent + line)
         if line.endswith(":"):
             indent = min(indent + 1, 5)
