@@ -47,3 +47,25 @@ def test_the_api_caller_is_the_session_scope():
     assert caller.internal("x" * 189) == "f000000000:" + "x" * 189
     with pytest.raises(InvalidSessionId, match="at most 189"):
         caller.internal("x" * 190)
+
+
+def test_the_head_revision_read_from_the_migration_files_is_alembics(tmp_path, monkeypatch):
+    """``head_revision`` reads the migration files' revision lines instead of importing them; it must
+    name Alembic's own head, and a file it cannot read that way hands the answer back to Alembic."""
+    from tracker.store import migrate
+
+    migrate._heads_from_files.cache_clear()
+    assert migrate._heads_from_files() == tuple(migrate._script_directory().get_heads())
+    assert migrate.head_revision() == migrate._script_directory().get_heads()[0]
+    # a merge revision (a tuple of down revisions) is not read from the file: Alembic answers
+    versions = tmp_path / "versions"
+    versions.mkdir()
+    for path in (migrate.ALEMBIC_DIR / "versions").glob("*.py"):
+        (versions / path.name).write_text(path.read_text(encoding="utf-8"), encoding="utf-8")
+    (versions / "9999_merge.py").write_text('revision = "9999_merge"\ndown_revision = ("a", "b")\n', encoding="utf-8")
+    monkeypatch.setattr(migrate, "ALEMBIC_DIR", tmp_path)
+    migrate._heads_from_files.cache_clear()
+    try:
+        assert migrate._heads_from_files() is None
+    finally:
+        migrate._heads_from_files.cache_clear()
