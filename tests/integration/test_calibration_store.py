@@ -48,6 +48,7 @@ def test_a_calibrated_log_verifies_replays_and_old_measurements_still_fold(db_ur
     current = [e for e in t.history("fS:train-0") if e.type in ("SessionStarted", "ContextMeasured")][:3]
     old = [NewEvent(e.type, _old_measured(e.data) if e.type == "ContextMeasured" else e.data) for e in current]
     store.append("old-session", 0, old)
+    assert feed_passed(store, "old-session")  # verify reads the decisions through the feed (see below)
     report = verify(store)
     assert (report["ok"], report["differences"], report["broken"]) == (True, [], [])
     # the ledger reads the global feed, which shows an event once every older transaction on the
@@ -158,6 +159,7 @@ def test_an_anchored_session_replays_and_verifies_on_the_store_and_a_tampered_an
         forged["input_tokens"] -= 500
         started = next(e for e in t.history("fA:s") if e.type == "SessionStarted")
         store.append("fA:forged", 0, [NewEvent("SessionStarted", started.data), NewEvent("ContextMeasured", forged)])
+        assert feed_passed(store, "fA:forged")  # verify reads the decisions through the feed, too
         report = verify(store)
         assert [(d["session_id"], d["field"]) for d in report["differences"]] == [
             ("fA:forged", "anchor.estimated_delta")
