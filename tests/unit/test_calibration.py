@@ -527,3 +527,16 @@ def test_one_sessions_run_of_reports_or_reports_without_a_session_never_make_a_s
     for s in before + _reports(rng, 40, Fraction(72, 100), 7):
         steady = steady.fold(s)
     assert not steady.shifted
+
+
+def test_the_simulators_draws_are_rng_choices() -> None:
+    """The simulated sessions draw words with ``_choices``, which must give ``rng.choice``'s draws (the
+    tests' sessions, and the figures quoted from them, stay the same)."""
+    from tracker.bench.sim_provider import _choices
+
+    for seed in range(50):
+        for size in (1, 2, 3, 7, 64, 100, 1000):
+            seq = [str(i) for i in range(size)]
+            mine, theirs = random.Random(seed), random.Random(seed)
+            assert _choices(mine, seq, 40) == [theirs.choice(seq) for _ in range(40)]
+            assert mine.random() == theirs.random()  # and the generator is left in the same state
