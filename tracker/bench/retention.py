@@ -29,8 +29,8 @@ temporary directory, then a scratch database on the PostgreSQL server of ``pg_ur
    (``events_after_restore``, ``counts_match``), else the section fails;
 5. **vacuum**: the same sessions archived again (untimed), then ``VACUUM FULL events`` on
    PostgreSQL (a plain VACUUM only marks the space reusable) or ``VACUUM`` on SQLite (the whole
-   file); ``vacuum`` says which. The restore runs before the vacuum: on PostgreSQL a restore
-   into partitions a VACUUM emptied is planned for empty partitions (docs/performance.md "Retention");
+   file); ``vacuum`` says which. The restore runs before the vacuum (before migration 0012 a
+   restore into partitions a VACUUM had emptied was quadratic on PostgreSQL: docs/performance.md "Retention");
 6. **the live table's size** (``table_bytes``): ``events`` with its indexes and TOAST, every
    partition on PostgreSQL; on SQLite the pages of ``events`` and its indexes (``dbstat``) --
    before the archive, after it (step 3) and after the vacuum (step 5). SQLite's ``file_bytes``
