@@ -93,7 +93,17 @@ def test_targets_come_from_settings():
 
 
 def test_sections_in_run_order():
-    assert list(SECTIONS) == ["core", "store", "counting", "service", "http", "scale", "pooler", "calibration"]
+    assert list(SECTIONS) == [
+        "core",
+        "store",
+        "counting",
+        "service",
+        "http",
+        "scale",
+        "pooler",
+        "calibration",
+        "retention",
+    ]
 
 
 @pytest.mark.slow
@@ -134,3 +144,38 @@ def test_the_service_section_measures_observe_beside_raw_and_what_one_observe_wr
     # an observe writes its ContextMeasured event (about the size of the store section's) and the
     # session's projection row; the figure is server-wide, so other writers can only add to it
     assert r["wal_bytes_per_observe"] >= len(json.dumps(EVENT.data)), r["wal_bytes_per_observe"]
+
+
+@pytest.mark.postgres
+@pytest.mark.slow
+def test_the_retention_section_archives_restores_and_measures_observe_beside_it():
+    env = {**os.environ, "TRACKER_BENCH_PG": PG_ADMIN_URL}
+    out = run_tracker(
+        [sys.executable, "-m", "tracker.cli", "bench", "--json", "--quick", "--only", "retention"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+    )
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    result = json.loads(out.stdout)
+    assert result["ok"] is True and result["failed"] == [], result
+    r = result["retention"]
+    assert r["against"]["sqlite"] and r["against"]["postgres"].startswith("postgresql://")
+    for backend, vacuum in (("sqlite", "VACUUM"), ("postgres", "VACUUM FULL events")):
+        b = r[backend]
+        assert b["events"] == b["sessions"] * r["events_per_session"] > 0, b
+        assert b["archive_events_per_s"] > 0 and b["restore_events_per_s"] > 0, b
+        # every loaded event came back, and no SessionArchived record is left
+        assert b["counts_match"] is True and b["events_after_restore"] == b["events"], b
+        sizes = b["table_bytes"]
+        assert sizes["before_archive"] > 0 and 0 < sizes["after_vacuum"] < sizes["before_archive"], sizes
+        assert b["vacuum"] == vacuum and b["segments"] >= 1 and b["archive_bytes"] > 0, b
+        observe = b["observe"]
+        for window in ("without_archive", "with_archive"):
+            w = observe[window]
+            assert w["calls"] > 0 and w["errors"] == 0, w
+            assert 0 < w["ms_p50"] <= w["ms_p99"] <= w["ms_max"], w
+        assert observe["p99_ratio"] > 0, observe
+    files = r["sqlite"]["file_bytes"]  # a delete frees pages inside the file; VACUUM gives them back
+    assert 0 < files["after_vacuum"] < files["before_archive"], files

@@ -1,4 +1,4 @@
-"""The partitioned log on PostgreSQL (migration 0011): monthly partitions of ``events`` by
+"""The partitioned log on PostgreSQL (migrations 0011, 0012): monthly partitions of ``events`` by
 ``recorded_at``, kept ahead by the store, a DEFAULT partition, and the uniqueness the partitioned
 table cannot hold in an index, kept by the ``ct_events_unique`` triggers -- proved with racing
 processes; the online conversion from 0010 with an appender running through it, and back.
@@ -146,6 +146,41 @@ def test_duplicates_across_partitions_are_refused_like_the_unique_indexes_did(he
         with pytest.raises(psycopg.errors.FeatureNotSupported, match="READ COMMITTED"):
             conn.execute(_RAW, ("w", 1, "2020-03-01T00:00:00Z", None))
     assert _log(head) == before
+
+
+def _fill_seq_tuples(url: str) -> int:
+    """20 statements of 50 new events each into the current month, on one connection, in one
+    transaction, after ``VACUUM FULL events`` (every partition's statistics say empty): the tuples
+    that sequential scans of the partitions read meanwhile (``pg_stat_xact_user_tables``)."""
+    _rows(url, "VACUUM FULL events")
+    with psycopg.connect(_libpq(url)) as conn:
+        for k in range(20):
+            conn.execute(
+                "INSERT INTO events (session_id, version, type, data, recorded_at) "
+                "SELECT %s, g, 'Tick', '{}', now() FROM generate_series(1, 50) g",
+                (f"fill-{k}",),
+            )
+        (read,) = conn.execute(
+            "SELECT coalesce(sum(seq_tup_read), 0) FROM pg_stat_xact_user_tables WHERE relname LIKE 'events%'"
+        ).fetchone()
+        conn.rollback()
+    return int(read)
+
+
+def test_the_checks_probe_the_indexes_whatever_the_statistics_say_and_0011_did_not(head):
+    """Migration 0012: the checks are index probes per written row, planned with enable_seqscan
+    off; 0011's joins, planned once for partitions that looked empty, read them whole each time."""
+    assert _rows(head, "SELECT proconfig FROM pg_proc WHERE proname = 'ct_events_unique'") == [
+        (["enable_seqscan=off"],)
+    ]
+    assert _fill_seq_tuples(head) == 0
+    migrate.downgrade(head, "0011_partitioned_events")
+    try:
+        assert _rows(head, "SELECT proconfig FROM pg_proc WHERE proname = 'ct_events_unique'") == [(None,)]
+        assert _fill_seq_tuples(head) > 10_000  # (20 statements, each reading what the earlier ones wrote)
+    finally:
+        upgrade(head)
+    assert _fill_seq_tuples(head) == 0
 
 
 def _raw_racer(url: str, month: str, go, hold_s: float, out) -> None:  # noqa: ANN001

@@ -23,6 +23,10 @@ scale       audit reads on 10k/1M(/10M)-event logs       Postgres (scratch datab
 calibration compaction point and decided/billed before   Postgres (scratch database)
             and after 20 reports of a simulated
             provider; catch-up and estimate costs
+retention   archive and restore events/s at 1M events,  SQLite (temporary file),
+            the live table's size before and after      Postgres (scratch database)
+            (and a vacuum), observe's p99 beside an
+            archive against none
 ==========  ==========================================  ===========================
 
 Where it measures comes from ``Settings.bench`` (see :class:`Targets`); the Postgres server
@@ -134,6 +138,12 @@ def _calibration(quick: bool, targets: Targets, settings: Settings, result: dict
     return run_calibration_bench(targets.pg, quick)
 
 
+def _retention(quick: bool, targets: Targets, settings: Settings, result: dict[str, Any]) -> dict[str, Any]:
+    from tracker.bench.retention import run_retention_bench
+
+    return run_retention_bench(targets.pg, quick)
+
+
 SECTIONS: dict[str, Section] = {
     "core": Section(_core, lambda t: {}),
     "store": Section(_store, lambda t: {"postgres": mask(t.pg)}),
@@ -145,6 +155,7 @@ SECTIONS: dict[str, Section] = {
         _pooler, lambda t: {"postgres": mask(t.pg), "pgbouncer": "started by the bench (transaction mode)"}
     ),
     "calibration": Section(_calibration, lambda t: {"postgres": mask(t.pg)}),
+    "retention": Section(_retention, lambda t: {"sqlite": "a file in a temporary directory", "postgres": mask(t.pg)}),
 }
 
 

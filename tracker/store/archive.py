@@ -75,7 +75,7 @@ __all__ = [
 DEFAULT_BATCH_EVENTS = 100_000
 #: at most this many sessions per batch
 MAX_BATCH_SESSIONS = 1000
-#: rows per INSERT while restoring
+#: rows per INSERT statement (PostgreSQL) or executemany (SQLite) while restoring
 INSERT_CHUNK = 5000
 
 #: ``progress(done, total)`` in events

@@ -9,7 +9,12 @@ so a second run changes nothing. Restored events keep their original **positions
 position drawn since): a feed reader that read past them before the archive does not see them
 again, and one that reads from 0 afterwards finds them in their original order.
 
-``verify_archive`` re-checks a directory against its manifest (checksums, re-folds, chains).
+On PostgreSQL each chunk of a session's events (``INSERT_CHUNK``) is one INSERT statement, so the
+partitioned log's uniqueness triggers (migrations 0011, 0012) run once per chunk, not once per
+event; and each session's transaction plans its statements afresh (``plan_cache_mode =
+force_custom_plan``): a plan its connection cached while the partitions looked empty -- after a
+``VACUUM`` of the log an archive emptied -- reads them whole at every session (docs/performance.md
+"Retention").
 
 ``verify_archive`` re-checks a directory against its manifest (checksums, re-folds, chains).
 """
@@ -136,6 +141,8 @@ def _restore_tx(conn: Connection, store: SqlEventStore, proj: Projector, seg: Se
     conn = conn.execution_options(ct_write=True)
     marker_version = s.version + 1
     with conn.begin():
+        if pg:  # this session's statements planned for the partitions as they are now (module doc)
+            conn.exec_driver_sql("SET LOCAL plan_cache_mode = force_custom_plan")
         lock = select(_S.version).where(_S.session_id == s.sid)
         current = conn.execute(lock.with_for_update() if pg else lock).scalar_one_or_none()
         marker = conn.execute(
@@ -150,25 +157,9 @@ def _restore_tx(conn: Connection, store: SqlEventStore, proj: Projector, seg: Se
             return False
         txid = int(conn.execute(text("SELECT pg_current_xact_id()::text::bigint")).scalar_one()) if pg else None
         fleet = SessionScope.fleet_of(s.sid)
-        rows = [
-            {
-                "position": seg.position[i],
-                "session_id": s.sid,
-                "version": seg.version[i],
-                "type": seg.type[i],
-                "data": s.datas[i - s.lo],
-                "recorded_at": seg.recorded_at[i],
-                "idempotency_key": seg.idempotency_key[i],
-                "batch_size": seg.batch_size[i],
-                "fleet": fleet,
-                "hash": seg.hash[i],
-                "txid": txid,
-            }
-            for i in range(s.lo, s.hi)
-        ]
         conn.execute(delete(events_t).where(_E.session_id == s.sid, _E.version <= s.version))
-        for k in range(0, len(rows), INSERT_CHUNK):
-            conn.execute(insert(events_t), rows[k : k + INSERT_CHUNK])
+        for k in range(s.lo, s.hi, INSERT_CHUNK):
+            _insert_rows(conn, pg, seg, s, k, min(k + INSERT_CHUNK, s.hi), fleet, txid)
         conn.execute(delete(events_t).where(_E.session_id == s.sid, _E.version == marker_version))
         state = s.state  # (check_rows folded these very rows)
         pressure, revision, occupancy, open_attempts = row_columns(proj, state)
@@ -187,6 +178,46 @@ def _restore_tx(conn: Connection, store: SqlEventStore, proj: Projector, seg: Se
         )
     store._states.discard(s.sid)
     return True
+
+
+#: one statement for a chunk of a session's rows on PostgreSQL (its uniqueness triggers, migration
+#: 0011, run once per statement): the columns as arrays (``%b``: sent in binary, no text-array
+#: quoting of the JSON), unnested; ``data`` from the segment's JSON texts
+_PG_INSERT = (
+    "INSERT INTO events (position, session_id, version, type, data, recorded_at, idempotency_key, batch_size, "
+    "txid, fleet, hash) SELECT p, %s, v, t, d::jsonb, r, k, b, %s, %s, h FROM unnest(%b::bigint[], "
+    "%b::integer[], %b::text[], %b::text[], %b::timestamptz[], %b::text[], %b::integer[], %b::bytea[]) "
+    "AS u(p, v, t, d, r, k, b, h)"
+)
+
+
+def _insert_rows(
+    conn: Connection, pg: bool, seg: Segment, s: SessionRows, lo: int, hi: int, fleet: str, txid: int | None
+) -> None:
+    """Rows ``lo:hi`` of ``seg`` (of session ``s``) into ``events``, as they were: one INSERT
+    statement on PostgreSQL, an executemany on SQLite (no trigger there; one prepared statement)."""
+    if pg:
+        columns = (seg.position, seg.version, seg.type, seg.data, seg.recorded_at, seg.idempotency_key, seg.batch_size)
+        arrays = [c[lo:hi] for c in (*columns, seg.hash)]
+        conn.exec_driver_sql(_PG_INSERT, (s.sid, txid, fleet, *arrays))
+        return
+    rows = [
+        {
+            "position": seg.position[i],
+            "session_id": s.sid,
+            "version": seg.version[i],
+            "type": seg.type[i],
+            "data": s.datas[i - s.lo],
+            "recorded_at": seg.recorded_at[i],
+            "idempotency_key": seg.idempotency_key[i],
+            "batch_size": seg.batch_size[i],
+            "fleet": fleet,
+            "hash": seg.hash[i],
+            "txid": txid,
+        }
+        for i in range(lo, hi)
+    ]
+    conn.execute(insert(events_t), rows)
 
 
 # -- verify ------------------------------------------------------------------------------------------
