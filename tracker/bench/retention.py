@@ -84,7 +84,7 @@ IDLE_FOR = timedelta(days=1)
 _Template = list[tuple[str, dict[str, Any], str, str, str | None, int | None]]
 
 
-def _template(store: Any, n: int) -> _Template:
+def _template(store: Any, engine: Any, n: int) -> _Template:
     """A session of ``n`` core-decided events appended through ``store``: per version (type, data,
     canonical data text, the data's text as the store writes it on SQLite, idempotency key, batch size)."""
     import json
@@ -103,7 +103,7 @@ def _template(store: Any, n: int) -> _Template:
         .order_by(e.version)
         .limit(n)
     )
-    with store.engine.connect() as conn:
+    with engine.connect() as conn:
         rows = conn.execute(stmt).all()
     return [(r[0], r[1], canonical_data(canonical_json(r[1])), json.dumps(r[1]), r[2], r[3]) for r in rows]
 
@@ -114,7 +114,7 @@ _EVENT_COLUMNS = (
 _SESSION_COLUMNS = "session_id, version, state, pressure, revision, occupancy_bp, open_attempts, created_at, updated_at"
 
 
-def _sqlite_writer(store: Any) -> Any:
+def _sqlite_writer(engine: Any) -> Any:
     """``write(events, sessions)``: one transaction of rows (``_load``'s tuples) into a SQLite store,
     in the forms the store writes (JSON text, naive UTC timestamps)."""
 
@@ -122,7 +122,7 @@ def _sqlite_writer(store: Any) -> Any:
         return at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
 
     def write(event_rows: list[tuple[Any, ...]], session_rows: list[tuple[Any, ...]]) -> None:
-        with store.engine.begin() as conn:
+        with engine.begin() as conn:
             conn.exec_driver_sql(
                 f"INSERT INTO events ({_EVENT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, NULL, '', ?)",
                 [(p, s, v, t, stored, stamp(at), k, b, h) for p, s, v, t, _, stored, at, k, b, h in event_rows],
@@ -154,7 +154,7 @@ def _pg_writer(url: str) -> Any:
     return write
 
 
-def _load(store: Any, n_events: int, pg_url: str | None) -> dict[str, Any]:
+def _load(store: Any, engine: Any, n_events: int, pg_url: str | None) -> dict[str, Any]:
     """``n_events`` idle events in sessions of ``SESSION_EVENTS`` (module doc, 1); their shape.
     ``pg_url``: the libpq URL of the store's database when it is PostgreSQL."""
     import json
@@ -167,7 +167,7 @@ def _load(store: Any, n_events: int, pg_url: str | None) -> dict[str, Any]:
     from tracker.store.schema import events as events_t
 
     t0 = time.perf_counter()
-    template = _template(store, SESSION_EVENTS)
+    template = _template(store, engine, SESSION_EVENTS)
     if len(template) != SESSION_EVENTS:
         raise IntegrityError(f"the template session has {len(template)} events, not {SESSION_EVENTS}")
     n_sessions = n_events // SESSION_EVENTS
@@ -175,12 +175,12 @@ def _load(store: Any, n_events: int, pg_url: str | None) -> dict[str, Any]:
     now = datetime.now(UTC)
     oldest = now - OLDEST
     span = OLDEST - timedelta(days=30)  # the sessions' starts, spread from OLDEST to 30 days ago
-    with store.engine.connect() as conn:
+    with engine.connect() as conn:
         position = int(conn.execute(select(func.max(events_t.c.position))).scalar_one() or 0)
         if pg_url is not None:  # the months the events fall in have their partitions, as the store makes them
             conn.execute(text("SELECT ct_events_ensure_partitions(:a, :b)"), {"a": oldest, "b": now})
             conn.commit()
-    write = _sqlite_writer(store) if pg_url is None else _pg_writer(pg_url)
+    write = _sqlite_writer(engine) if pg_url is None else _pg_writer(pg_url)
     chunk = LOAD_CHUNK_SESSIONS
     folded: dict[str, Any] | None = None  # the template's fold: a copy's differs only in its id
     for first in range(0, n_sessions, chunk):
@@ -219,7 +219,7 @@ def _load(store: Any, n_events: int, pg_url: str | None) -> dict[str, Any]:
                 )
             )
         write(event_rows, session_rows)
-    with store.engine.begin() as conn:
+    with engine.begin() as conn:
         if pg_url is not None:
             # the identity's sequence (events_position_seq since migration 0011), past every position
             seq = conn.execute(text("SELECT pg_get_serial_sequence('events', 'position')")).scalar_one()
@@ -235,7 +235,7 @@ def _load(store: Any, n_events: int, pg_url: str | None) -> dict[str, Any]:
     }
 
 
-def _idle_counts(store: Any) -> tuple[int, int]:
+def _idle_counts(engine: Any) -> tuple[int, int]:
     """(events of the loaded sessions, SessionArchived records among them) in the live log."""
     from sqlalchemy import func, select
 
@@ -244,7 +244,7 @@ def _idle_counts(store: Any) -> tuple[int, int]:
 
     e = events_t.c
     idle = func.substr(e.session_id, 1, len(IDLE_PREFIX)) == IDLE_PREFIX
-    with store.engine.connect() as conn:
+    with engine.connect() as conn:
         n = conn.execute(select(func.count()).where(idle)).scalar_one()
         markers = conn.execute(select(func.count()).where(idle, e.type == SessionArchived.TYPE)).scalar_one()
     return int(n), int(markers)
@@ -399,11 +399,12 @@ def _one_backend(db_url: str, size_at: str, n_events: int, baseline_s: float, wo
     """The module doc's steps 1-6 on the migrated, empty database at ``db_url`` (SQLAlchemy URL);
     ``size_at``: the libpq URL (PostgreSQL) or file path (SQLite) the sizes and the vacuum go to."""
     from tracker.core import SessionProjector
-    from tracker.store import open_store
+    from tracker.store import make_engine, open_store
     from tracker.store.archive import archive_sessions
     from tracker.store.restore import restore_sessions
 
     store = open_store(db_url, projector=SessionProjector())
+    engine = make_engine(db_url)  # the bench's own raw reads and bulk writes, beside the store
     backend = store.backend
     pg = backend == "postgresql"
     phases: dict[str, float] = {}
@@ -430,7 +431,7 @@ def _one_backend(db_url: str, size_at: str, n_events: int, baseline_s: float, wo
 
     observer = _Observer(db_url, OBSERVE_RATE)
     try:
-        out: dict[str, Any] = _load(store, n_events, size_at if pg else None)
+        out: dict[str, Any] = _load(store, engine, n_events, size_at if pg else None)
         n = out["events"]
         lap("load")
         try:
@@ -455,7 +456,7 @@ def _one_backend(db_url: str, size_at: str, n_events: int, baseline_s: float, wo
         started = time.perf_counter()
         restored = restore_sessions(store, directory)
         restore_s = time.perf_counter() - started
-        count, markers = _idle_counts(store)
+        count, markers = _idle_counts(engine)
         counts_match = count == n and markers == 0 and restored["events"] == n
         if not counts_match:
             raise IntegrityError(
@@ -501,6 +502,7 @@ def _one_backend(db_url: str, size_at: str, n_events: int, baseline_s: float, wo
     finally:
         observer.close()  # (closed already after the archive, unless that failed)
         store.close()
+        engine.dispose()
 
 
 def _sqlite(n_events: int, baseline_s: float) -> dict[str, Any]:
