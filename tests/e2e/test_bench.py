@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 
 import pytest
@@ -15,13 +16,19 @@ from tracker.bench import SECTIONS, Targets, run_bench
 from tracker.settings import Settings
 
 
-def test_bench_core_prints_figures():
-    out = run_tracker(
-        [sys.executable, "-m", "tracker.cli", "bench", "--json", "--quick", "--only", "core"],
+def _bench(*args: str, timeout: float, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``tracker bench --json *args`` in a subprocess (its completed process: stdout and stderr as text)."""
+    return run_tracker(
+        [sys.executable, "-m", "tracker.cli", "bench", "--json", *args],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=timeout,
+        env=env,
     )
+
+
+def test_bench_core_prints_figures():
+    out = _bench("--quick", "--only", "core", timeout=120)
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     core = result["core"]
@@ -32,12 +39,7 @@ def test_bench_core_prints_figures():
 
 
 def test_bench_unknown_section_is_refused():
-    out = run_tracker(
-        [sys.executable, "-m", "tracker.cli", "bench", "--json", "--only", "nope"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    out = _bench("--only", "nope", timeout=60)
     assert out.returncode == 2, out.stderr
     error = json.loads(out.stdout)
     assert error["code"] == "invalid_input" and error["field"] == "only", error
@@ -59,13 +61,7 @@ def test_a_section_that_cannot_run_fails_the_bench_and_says_where():
 
 def test_cli_exits_non_zero_when_a_section_fails():
     env = {**os.environ, "TRACKER_BENCH_PG": _closed_pg()}
-    out = run_tracker(
-        [sys.executable, "-m", "tracker.cli", "bench", "--json", "--quick", "--only", "store"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-    )
+    out = _bench("--quick", "--only", "store", timeout=120, env=env)
     assert out.returncode != 0
     result = json.loads(out.stdout)
     assert result["ok"] is False and result["failed"] == ["store"]
@@ -150,13 +146,7 @@ def test_the_service_section_measures_observe_beside_raw_and_what_one_observe_wr
 @pytest.mark.slow
 def test_the_retention_section_archives_restores_and_measures_observe_beside_it():
     env = {**os.environ, "TRACKER_BENCH_PG": PG_ADMIN_URL}
-    out = run_tracker(
-        [sys.executable, "-m", "tracker.cli", "bench", "--json", "--quick", "--only", "retention"],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env=env,
-    )
+    out = _bench("--quick", "--only", "retention", timeout=240, env=env)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     result = json.loads(out.stdout)
     assert result["ok"] is True and result["failed"] == [], result

@@ -59,6 +59,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def _group(item: pytest.Item) -> str:
+    """The xdist group ``item`` runs in (its own node id when it has none: a unit test)."""
     for mark in item.iter_markers("xdist_group"):
         return str(mark.args[0] if mark.args else mark.kwargs["name"])
     return item.nodeid
@@ -69,9 +70,9 @@ def _heaviest_first(items: list[pytest.Item]) -> list[pytest.Item]:
     then every group with a ``slow`` test, then the other integration and e2e modules, then the unit
     tests one by one, so that the last minutes are short tests filling both workers rather than one
     long module keeping one worker busy while the other has nothing left. Each group keeps its order."""
+    grouped = [(_group(item), item) for item in items]
     rank: dict[str, int] = {}
-    for item in items:
-        group = _group(item)
+    for group, item in grouped:
         if group == "serial":
             r = 0
         elif item.get_closest_marker("slow") is not None:
@@ -79,11 +80,11 @@ def _heaviest_first(items: list[pytest.Item]) -> list[pytest.Item]:
         else:
             r = 3 if item.nodeid.startswith("tests/unit/") else 2
         rank[group] = min(rank.get(group, r), r)
-    return sorted(items, key=lambda item: rank[_group(item)])
+    return [item for _, item in sorted(grouped, key=lambda pair: rank[pair[0]])]
 
 
 def _is_serial(item: pytest.Item) -> bool:
-    return any(m.args[:1] == ("serial",) or m.kwargs.get("name") == "serial" for m in item.iter_markers("xdist_group"))
+    return _group(item) == "serial"
 
 
 @pytest.hookimpl(hookwrapper=True)
