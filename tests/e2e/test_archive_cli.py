@@ -162,8 +162,9 @@ def test_archive_and_restore_killed_mid_run_lose_nothing(filled, url, tmp_path: 
         if archived == 0:
             break
     assert mid_run >= 1, "no kill landed between the first and the last restored session"
+    # (on a fast machine the last killed run may have finished the restore: then this run restores none)
     summary = json.loads(cli.run("restore", out, "--json").stdout)
-    assert summary["restored"] > 0 and summary["restored"] + summary["live"] == len(sids)
+    assert (summary["restored"], summary["live"]) == (archived, len(sids) - archived)
     assert log_rows(t.store) == original
     assert states(t.store, sids) == folded
     again = json.loads(cli.run("restore", out, "--json").stdout)
