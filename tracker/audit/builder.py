@@ -277,14 +277,12 @@ class StoryBuilder:
                 self.table_row(r)
             case ev.CompactionStarted():
                 counts["attempts"] += 1
-                a = Attempt(
-                    attempt_id=event.attempt_id,
-                    reason=event.reason,
+                a = Attempt.opened(
+                    event,
+                    v,
+                    at,
                     trigger=event.trigger,
-                    basis=event.basis,
                     fencing_token=event.fencing_token,
-                    opened_v=v,
-                    opened_at=at,
                     tokens_before=event.tokens_before,
                 )
                 self.open_[a.attempt_id] = a
@@ -324,16 +322,7 @@ class StoryBuilder:
         """A commit or a rejection: the attempt's end (an attempt opened before the events read starts here)."""
         s, counts = self.s, self.s.counts
         found = self.open_.pop(e.attempt_id, None)
-        a = found or Attempt(
-            attempt_id=e.attempt_id,
-            reason=e.reason,
-            trigger="?",
-            basis=e.basis,
-            fencing_token=0,
-            opened_v=v,
-            opened_at=at,
-            tokens_before=e.tokens_before if isinstance(e, ev.CompactionCommitted) else None,
-        )
+        a = found or Attempt.opened(e, v, at, tokens_before=getattr(e, "tokens_before", None))
         a.ended_v, a.ended_at, a.duration_ms = v, at, e.duration_ms
         if isinstance(e, ev.CompactionCommitted):
             counts["committed"] += 1

@@ -60,6 +60,21 @@ class Attempt:
     outcome: str = "open"  # open | committed | rejected
     reject_reason: str | None = None
 
+    @classmethod
+    def opened(
+        cls,
+        e: ev.CompactionStarted | ev.CompactionCommitted | ev.CompactionRejected,
+        v: int,
+        at: datetime,
+        *,
+        trigger: str = "?",
+        fencing_token: int = 0,
+        tokens_before: int | None = None,
+    ) -> Attempt:
+        """The attempt ``e`` names, opened at ``v``/``at``: from its ``CompactionStarted`` (which alone
+        says the trigger and token), or from its end alone when the events read start after it opened."""
+        return cls(e.attempt_id, e.reason, trigger, e.basis, fencing_token, v, at, tokens_before)
+
     @property
     def revision(self) -> int | None:
         return revision_of(self.basis)

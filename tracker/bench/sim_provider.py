@@ -25,7 +25,7 @@ import random
 import re
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tracker.counting.counters import memoized
 from tracker.counting.request import (
@@ -111,16 +111,11 @@ ANTHROPIC_LIKE = Profile(
     image_flat=None,
 )
 
-GEMINI_LIKE = Profile(
+# Gemini-like: the same word rules, other prices (only what differs is written).
+GEMINI_LIKE = replace(
+    ANTHROPIC_LIKE,
     name="gemini-like",
-    word_chars=6,
-    caps_chars=3,
-    digit_chars=2,
-    space_chars=8,
-    punct_num=3,
     punct_den=4,
-    accented_num=8,
-    accented_den=5,
     cyrillic_num=7,
     cyrillic_den=5,
     cjk_num=5,
