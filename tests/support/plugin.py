@@ -18,7 +18,9 @@ Markers:
   latency ratios, wall-clock budgets). Under pytest-xdist (``-n 2 --dist loadgroup``) its tests run in
   one group, one after another on one worker, and alone: while one runs, the other worker waits (a
   file lock the workers share: exclusive for a serial test, shared for any other; a waiting serial test
-  lets no new test start, so it never starves). Unit tests are spread one by one; the tests of an
+  lets no new test start, so it never starves). The serial group is handed out last, after the unit
+  tests: its first test waits for the other worker's last short test, not for a long module, and the
+  other worker then has nothing left to wait with. Unit tests are spread one by one; the tests of an
   integration or e2e module stay together on one worker (their module-scoped servers are built once).
 * ``@pytest.mark.slow``: takes more than a few seconds; under xdist its group is handed out early
   (``_heaviest_first``).
@@ -66,19 +68,22 @@ def _group(item: pytest.Item) -> str:
 
 
 def _heaviest_first(items: list[pytest.Item]) -> list[pytest.Item]:
-    """The order pytest-xdist hands out groups in (``--no-loadscope-reorder``): the serial group,
-    then every group with a ``slow`` test, then the other integration and e2e modules, then the unit
-    tests one by one, so that the last minutes are short tests filling both workers rather than one
-    long module keeping one worker busy while the other has nothing left. Each group keeps its order."""
+    """The order pytest-xdist hands out groups in (``--no-loadscope-reorder``): every group with a
+    ``slow`` test, then the other integration and e2e modules, then the unit tests one by one, then
+    the serial group. Short tests fill both workers before the serial group, so the long modules do
+    not end on one worker while the other has nothing left, and a serial test never waits for one:
+    each serial test waits until the other worker's current test ends, and that is a short one or
+    none (handed out first, the serial group's waits for long modules cost three minutes of a run
+    of eight). Each group keeps its order."""
     grouped = [(_group(item), item) for item in items]
     rank: dict[str, int] = {}
     for group, item in grouped:
         if group == "serial":
-            r = 0
+            r = 3
         elif item.get_closest_marker("slow") is not None:
-            r = 1
+            r = 0
         else:
-            r = 3 if item.nodeid.startswith("tests/unit/") else 2
+            r = 2 if item.nodeid.startswith("tests/unit/") else 1
         rank[group] = min(rank.get(group, r), r)
     return [item for _, item in sorted(grouped, key=lambda pair: rank[pair[0]])]
 
