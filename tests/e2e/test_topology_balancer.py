@@ -100,8 +100,12 @@ def test_a_replica_killed_mid_run_loses_nothing(topology):
     # nothing acknowledged is lost and single-flight held (asserted by the log check); no call gave up
     assert counts["unavailable"] == 0 and counts["other_errors"] == 0, (counts, summary["errors"])
     assert counts["compact"] <= summary["automatic_attempts"], (summary, counts)
-    # the kill cut requests off (answered 502 by HAProxy, or dropped): the clients retried them
-    assert counts["http_502"] + counts["http_503"] + counts["transport_errors"] > 0, counts
+    # the kill met traffic: requests in flight were cut off (answered 502 by HAProxy, or dropped) and
+    # the clients retried them, or, when none was in flight at the kill, HAProxy sent new ones to the
+    # dead replica until its check marked it DOWN and redispatched them (a machine under load can
+    # leave no request in flight at the instant of the kill)
+    cut = counts["http_502"] + counts["http_503"] + counts["transport_errors"]
+    assert cut > 0 or fault["at_down"][victim] > fault["at_kill"][victim], (counts, fault)
     # once the check marked the victim DOWN nothing more went to it; the survivor carried on
     assert fault["down_s"] < 5, fault
     assert end[victim] == fault["at_down"][victim], (fault, end)
