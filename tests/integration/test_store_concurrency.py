@@ -298,10 +298,11 @@ def test_threads_racing_on_the_in_memory_store():
         after = 0
         start.wait(10)
         while True:
+            finished = done.is_set()  # before the read: an empty page read after it is the end
             page = store.read_all(after, limit=50)
             seen.extend(e.position for e in page)
             after = page[-1].position if page else after
-            if not page and done.is_set():
+            if not page and finished:
                 return
 
     threads = [threading.Thread(target=writer, args=(w,)) for w in range(WRITERS)]

@@ -231,6 +231,7 @@ def test_the_feed_tailed_on_the_replica_under_concurrent_writers_never_skips(rep
     def tail() -> None:
         after = naive_after = start
         while True:
+            finished = stop.is_set()  # before the read: an empty page read after it is the end
             page = reader.read_all(after, limit=200)
             seen.extend(e.position for e in page)
             if page:
@@ -246,7 +247,7 @@ def test_the_feed_tailed_on_the_replica_under_concurrent_writers_never_skips(rep
             naive_seen.extend(rows)
             if rows:
                 naive_after = rows[-1]
-            if not page and stop.is_set():
+            if not page and finished:
                 return
             time.sleep(0.002)
 
