@@ -26,6 +26,8 @@ from pathlib import Path
 import sqlalchemy as sa
 from alembic import op
 
+from tracker.store.migrate import migration_module
+
 revision: str = "0006_lean_append"
 down_revision: str | Sequence[str] | None = "0005_events_by_type"
 branch_labels: str | Sequence[str] | None = None
@@ -56,10 +58,7 @@ def downgrade() -> None:
     if _is_pg():
         op.create_unique_constraint(NAME, "events", COLUMNS)
         # the functions as migration 0001 wrote them (read from it: one text, one place)
-        spec = importlib.util.spec_from_file_location("_ct_0001", Path(__file__).with_name("0001_event_store.py"))
-        assert spec is not None and spec.loader is not None
-        first = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(first)
+        first = migration_module("0001_event_store.py")
         op.execute(first.CREATE_APPEND_FUNCTION)
         op.execute(first.CREATE_PUT_SESSION_FUNCTION)
     else:

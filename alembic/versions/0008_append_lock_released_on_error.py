@@ -33,6 +33,8 @@ from types import ModuleType
 
 from alembic import op
 
+from tracker.store.migrate import migration_module
+
 revision: str = "0008_append_lock_on_error"
 down_revision: str | Sequence[str] | None = "0007_fleet_policies"
 branch_labels: str | Sequence[str] | None = None
@@ -92,11 +94,7 @@ NEW_SECTION = f"""    BEGIN
 
 def _first() -> ModuleType:
     """Migration 0003 (read from its file: the function's text has one place)."""
-    spec = importlib.util.spec_from_file_location("_ct_0003", Path(__file__).with_name("0003_one_call_append.py"))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return migration_module("0003_one_call_append.py")
 
 
 def _replace(create: str) -> str:

@@ -39,6 +39,8 @@ from typing import Any
 import sqlalchemy as sa
 from alembic import op
 
+from tracker.store.migrate import migration_module
+
 from tracker.store import chain
 
 revision: str = "0010_hash_chain"
@@ -190,12 +192,7 @@ $fn$;
 
 def _previous() -> ModuleType:
     """Migration 0008 (read from its file: its function's text has one place)."""
-    path = Path(__file__).with_name("0008_append_lock_released_on_error.py")
-    spec = importlib.util.spec_from_file_location("_ct_0008", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return migration_module("0008_append_lock_released_on_error.py")
 
 
 def _is_pg() -> bool:

@@ -62,6 +62,8 @@ from typing import Any
 
 from alembic import op
 
+from tracker.store.migrate import migration_module
+
 revision: str = "0011_partitioned_events"
 down_revision: str | Sequence[str] | None = "0010_hash_chain"
 branch_labels: str | Sequence[str] | None = None
@@ -352,12 +354,7 @@ def _swap(conn: Any, target: str, last: int, after_swap: Sequence[str]) -> int:
 
 def _previous() -> ModuleType:
     """Migration 0010 (read from its file: its function's text has one place)."""
-    path = Path(__file__).with_name("0010_hash_chain.py")
-    spec = importlib.util.spec_from_file_location("_ct_0010", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return migration_module("0010_hash_chain.py")
 
 
 def append_by_name() -> str:

@@ -37,6 +37,8 @@ from types import ModuleType
 
 from alembic import op
 
+from tracker.store.migrate import migration_module
+
 revision: str = "0012_unique_checks_by_index"
 down_revision: str | Sequence[str] | None = "0011_partitioned_events"
 branch_labels: str | Sequence[str] | None = None
@@ -56,12 +58,7 @@ CHECKS = (
 
 def _previous() -> ModuleType:
     """Migration 0011 (read from its file: its function's text has one place)."""
-    path = Path(__file__).with_name("0011_partitioned_events.py")
-    spec = importlib.util.spec_from_file_location("_ct_0011", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return migration_module("0011_partitioned_events.py")
 
 
 def _probe(old_check: str, join: str, where: str) -> str:

@@ -10,9 +10,7 @@ Python's (checked here on awkward data).
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -266,11 +264,7 @@ def test_a_database_from_before_the_chain_gets_a_valid_one(db_url):
 
 def test_the_backfill_carries_a_chain_across_its_batches(db_url):
     """Batches of 2 split sessions anywhere: each chain still comes out whole."""
-    path = Path(migrate.ALEMBIC_DIR) / "versions" / "0010_hash_chain.py"
-    spec = importlib.util.spec_from_file_location("_ct_0010", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = migrate.migration_module("0010_hash_chain.py")
     migrate.upgrade(db_url, BEFORE_CHAIN)
     _old_rows(db_url)
     migrate.upgrade(db_url)

@@ -13,10 +13,12 @@ user to run ``tracker db upgrade``), and one written by newer code it does not k
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import threading
 from functools import lru_cache
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from tracker.errors import IntegrityError, SchemaOutOfDate
@@ -72,6 +74,18 @@ def _script_directory():
 
 _REVISION = re.compile(r'^revision(?:: *[^=\n]+)? *= *"([^"]+)" *$', re.M)
 _DOWN_REVISION = re.compile(r'^down_revision(?:: *[^=\n]+)? *= *(?:None|"([^"]+)") *$', re.M)
+
+
+def migration_module(filename: str) -> ModuleType:
+    """The migration ``alembic/versions/<filename>`` as a module of its own (executed afresh, never
+    registered in ``sys.modules``): how a later migration reads an earlier one's SQL text, so that
+    each function's text has one place."""
+    path = ALEMBIC_DIR / "versions" / filename
+    spec = importlib.util.spec_from_file_location(f"_ct_{path.stem}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @lru_cache(maxsize=1)
