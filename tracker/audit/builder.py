@@ -322,7 +322,8 @@ class StoryBuilder:
         """A commit or a rejection: the attempt's end (an attempt opened before the events read starts here)."""
         s, counts = self.s, self.s.counts
         found = self.open_.pop(e.attempt_id, None)
-        a = found or Attempt.opened(e, v, at, tokens_before=getattr(e, "tokens_before", None))
+        before = e.tokens_before if isinstance(e, ev.CompactionCommitted) else None  # a rejection has none
+        a = found or Attempt.opened(e, v, at, tokens_before=before)
         a.ended_v, a.ended_at, a.duration_ms = v, at, e.duration_ms
         if isinstance(e, ev.CompactionCommitted):
             counts["committed"] += 1
