@@ -185,8 +185,11 @@ def _child(conn: socket.socket, request: dict[str, Any], fds: list[int]) -> None
 def serve(path: str) -> None:
     _preload()
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    srv.bind(path)
+    # The socket's file appears at ``path`` only once it listens: the client waits for the file, and
+    # a connect between bind and listen is refused (a test's first command failed so, once in a run).
+    srv.bind(path + ".new")
     srv.listen(64)
+    os.rename(path + ".new", path)
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     os.set_blocking(wake_r, False)
@@ -324,7 +327,13 @@ class Zygote:
                 "script": script,
             }
             with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as conn:
-                conn.connect(self.path)
+                try:
+                    conn.connect(self.path)
+                except OSError as exc:  # say why, with the zygote's own words (its stderr), rather than a bare errno
+                    self._log.seek(0)
+                    state = "running" if self.proc.poll() is None else f"exited with {self.proc.returncode}"
+                    log = self._log.read().decode(errors="replace")
+                    raise RuntimeError(f"the CLI zygote ({state}) refused a command: {exc}\n{log}") from exc
                 with open(os.devnull, "rb") as devnull:
                     stdin_fd = stdin.fileno() if input is not None else devnull.fileno()
                     socket.send_fds(conn, [json.dumps(request).encode()], [stdin_fd, stdout.fileno(), stderr.fileno()])
