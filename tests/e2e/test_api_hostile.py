@@ -233,7 +233,7 @@ def roomy_server():
     yield from _serve({"TRACKER_MAX_WAITS_PER_FLEET": "300"})
 
 
-@pytest.mark.serial  # a latency ratio: never beside another CPU-heavy test
+@pytest.mark.serial(alone=True)  # a latency ratio: nothing runs beside it
 def test_open_waits_of_one_fleet_leave_another_fleets_observe_p99_within_2x(roomy_server):
     server = roomy_server
     with server.client(server.token_a) as a, server.client(server.token_b) as b:

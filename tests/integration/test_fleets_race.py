@@ -9,7 +9,7 @@ import pytest
 from tests.support.procs import racing_context
 from tracker.store.migrate import upgrade
 
-pytestmark = pytest.mark.serial  # CPU-sensitive: runs alone (tests/support/plugin.py)
+pytestmark = pytest.mark.serial  # CPU-sensitive: never beside an ordinary test (tests/support/plugin.py)
 
 NAMES = [f"agents-{i}" for i in range(40)]
 

@@ -22,7 +22,7 @@ from tracker.core import SessionProjector
 from tracker.errors import ConcurrencyConflict
 from tracker.store import NewEvent, open_store, upgrade, verify_projections
 
-pytestmark = pytest.mark.serial  # CPU-sensitive: runs alone (tests/support/plugin.py)
+pytestmark = pytest.mark.serial  # CPU-sensitive: never beside an ordinary test (tests/support/plugin.py)
 
 
 def ev(**data) -> NewEvent:  # noqa: ANN003

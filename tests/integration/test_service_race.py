@@ -25,7 +25,7 @@ from tracker.core import Policy, SessionProjector
 from tracker.store import open_store
 from tracker.store.migrate import upgrade
 
-pytestmark = pytest.mark.serial  # CPU-sensitive: runs alone (tests/support/plugin.py)
+pytestmark = pytest.mark.serial  # CPU-sensitive: never beside an ordinary test (tests/support/plugin.py)
 
 PROCS = int(os.environ.get("TRACKER_RACE_PROCS", "16"))
 ROUNDS = int(os.environ.get("TRACKER_RACE_ROUNDS", "100"))

@@ -26,7 +26,7 @@ from tracker.errors import ConcurrencyConflict
 from tracker.settings import normalize_database_url
 from tracker.store import NewEvent, open_store, upgrade, verify_projections
 
-pytestmark = pytest.mark.serial  # CPU-sensitive: runs alone (tests/support/plugin.py)
+pytestmark = pytest.mark.serial  # CPU-sensitive: never beside an ordinary test (tests/support/plugin.py)
 
 WRITERS = 8
 APPENDS_PER_WRITER = 30

@@ -14,14 +14,19 @@ Markers:
   event once every transaction older than it has ended on the whole *server*, so such a test gets
   its ``pg_url`` / ``db_url`` on ``private_pg``, a cluster no other test process writes to (a module
   marked so gets its module's server there too, by asking for ``private_pg``).
-* ``@pytest.mark.serial`` (a module's ``pytestmark``): a CPU-sensitive module (16-process races,
-  latency ratios, wall-clock budgets). Under pytest-xdist (``-n 2 --dist loadgroup``) its tests run in
-  one group, one after another on one worker, and alone: while one runs, the other worker waits (a
-  file lock the workers share: exclusive for a serial test, shared for any other; a waiting serial test
-  lets no new test start, so it never starves). The serial group is handed out last, after the unit
-  tests: its first test waits for the other worker's last short test, not for a long module, and the
-  other worker then has nothing left to wait with. Unit tests are spread one by one; the tests of an
-  integration or e2e module stay together on one worker (their module-scoped servers are built once).
+* ``@pytest.mark.serial`` (a module's ``pytestmark``, or one test's mark): a CPU-sensitive module
+  (16-process races, latency ratios, wall-clock budgets). Under pytest-xdist (``-n 2 --dist
+  loadgroup``) a serial test never runs beside an ordinary one: while it runs, the other worker runs
+  another serial test or waits (two file locks, one a class, and a turnstile: a test of one class
+  waits until no test of the other runs, and while it waits no new test starts, so neither class
+  starves). Each serial module is a group of its own (``serial-<module>``), and these groups are
+  handed out last, after the unit tests: the first waits for the other worker's last short test, not
+  for a long module, and then the two workers share the serial modules between them. Two serial
+  tests at once give each race about one core of the two; they were built to hold their counts and
+  invariants at that (the 60 of them passed six times in a row so, twice with a third process busy
+  on one core, 2026-12-07). A test that measures a latency ratio says ``@pytest.mark.serial(alone=True)``
+  and runs with nothing beside it. Unit tests are spread one by one; the tests of an integration or e2e
+  module stay together on one worker (their module-scoped servers are built once).
 * ``@pytest.mark.slow``: takes more than a few seconds; under xdist its group is handed out early
   (``_heaviest_first``).
 """
@@ -43,7 +48,7 @@ from tests.support.db import REDIS_URL, create_pg_database, drop_pg_database, sq
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "feed: reads the event feed at once; runs on a private PostgreSQL cluster")
-    config.addinivalue_line("markers", "serial: CPU-sensitive; runs alone (the other xdist worker waits)")
+    config.addinivalue_line("markers", "serial: CPU-sensitive; never runs beside an ordinary test")
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -53,7 +58,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if any(True for _ in item.iter_markers("xdist_group")):
             continue
         if item.get_closest_marker("serial") is not None:
-            item.add_marker(pytest.mark.xdist_group("serial"))
+            item.add_marker(pytest.mark.xdist_group("serial-" + module.rsplit(".", 1)[-1]))
         elif module.startswith(("tests.integration.", "tests.e2e.")):
             item.add_marker(pytest.mark.xdist_group(module.rsplit(".", 1)[-1]))
     if getattr(config, "workerinput", None) is not None:
@@ -70,15 +75,15 @@ def _group(item: pytest.Item) -> str:
 def _heaviest_first(items: list[pytest.Item]) -> list[pytest.Item]:
     """The order pytest-xdist hands out groups in (``--no-loadscope-reorder``): every group with a
     ``slow`` test, then the other integration and e2e modules, then the unit tests one by one, then
-    the serial group. Short tests fill both workers before the serial group, so the long modules do
-    not end on one worker while the other has nothing left, and a serial test never waits for one:
-    each serial test waits until the other worker's current test ends, and that is a short one or
-    none (handed out first, the serial group's waits for long modules cost three minutes of a run
+    the serial modules. Short tests fill both workers before the serial modules, so the long modules
+    do not end on one worker while the other has nothing left, and a serial test never waits for one:
+    the first serial test waits until the other worker's current test ends, and that is a short one
+    or none (handed out first, the serial tests' waits for long modules cost three minutes of a run
     of eight). Each group keeps its order."""
     grouped = [(_group(item), item) for item in items]
     rank: dict[str, int] = {}
     for group, item in grouped:
-        if group == "serial":
+        if group.startswith("serial-"):
             r = 3
         elif item.get_closest_marker("slow") is not None:
             r = 0
@@ -89,27 +94,39 @@ def _heaviest_first(items: list[pytest.Item]) -> list[pytest.Item]:
 
 
 def _is_serial(item: pytest.Item) -> bool:
-    return _group(item) == "serial"
+    return _group(item).startswith("serial-")
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
-    """Under pytest-xdist: a serial test (setup, module fixtures included, call, teardown) holds the
-    workers' lock exclusively, every other test shares it; the turnstile lets no new test start while
-    a serial one waits."""
+    """Under pytest-xdist: a test (setup, module fixtures included, call, teardown) holds its class's
+    lock shared, serial or ordinary, and starts only when no test of the other class holds that one;
+    a test marked ``serial(alone=True)`` holds both locks exclusively. The turnstile lets no new test
+    start while one waits."""
     workerinput = getattr(item.config, "workerinput", None)
     if workerinput is None:  # one process: nothing runs beside anything
         yield
         return
     base = Path(tempfile.gettempdir()) / f"ct-pytest-{workerinput['testrunuid']}"
-    with open(f"{base}.turnstile", "a") as turnstile, open(f"{base}.lock", "a") as lock:
+    own, other = ("serial", "ordinary") if _is_serial(item) else ("ordinary", "serial")
+    mark = item.get_closest_marker("serial")
+    alone = mark is not None and mark.kwargs.get("alone", False)
+    with (
+        open(f"{base}.turnstile", "a") as turnstile,
+        open(f"{base}.{own}", "a") as mine,
+        open(f"{base}.{other}", "a") as theirs,
+    ):
         fcntl.flock(turnstile, fcntl.LOCK_EX)
-        fcntl.flock(lock, fcntl.LOCK_EX if _is_serial(item) else fcntl.LOCK_SH)
+        fcntl.flock(theirs, fcntl.LOCK_EX)  # waits until no test of the other class runs
+        fcntl.flock(mine, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        if not alone:
+            fcntl.flock(theirs, fcntl.LOCK_UN)
         fcntl.flock(turnstile, fcntl.LOCK_UN)
         try:
             yield
         finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+            fcntl.flock(mine, fcntl.LOCK_UN)
+            fcntl.flock(theirs, fcntl.LOCK_UN)
 
 
 # -- databases ---------------------------------------------------------------------------------------
