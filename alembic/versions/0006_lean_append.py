@@ -19,9 +19,7 @@ constraint in place): a few seconds per million events.
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Sequence
-from pathlib import Path
 
 import sqlalchemy as sa
 from alembic import op

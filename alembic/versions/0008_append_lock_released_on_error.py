@@ -26,9 +26,7 @@ Downgrade restores 0003's definition (read from that file).
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Sequence
-from pathlib import Path
 from types import ModuleType
 
 from alembic import op

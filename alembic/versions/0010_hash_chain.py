@@ -29,19 +29,16 @@ Downgrade drops the column and restores 0008's ``ct_append`` (read from that fil
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from collections.abc import Sequence
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import sqlalchemy as sa
 from alembic import op
 
-from tracker.store.migrate import migration_module
-
 from tracker.store import chain
+from tracker.store.migrate import migration_module
 
 revision: str = "0010_hash_chain"
 down_revision: str | Sequence[str] | None = "0009_provider_reports"

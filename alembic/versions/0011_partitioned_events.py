@@ -52,11 +52,9 @@ Downgrade is the same conversion the other way (into one table with 0010's const
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 

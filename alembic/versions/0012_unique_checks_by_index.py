@@ -30,9 +30,7 @@ replaced. Downgrade: 0011's function as it was (``CREATE OR REPLACE`` without th
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Sequence
-from pathlib import Path
 from types import ModuleType
 
 from alembic import op
