@@ -57,10 +57,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         module = item.module.__name__ if getattr(item, "module", None) is not None else ""
         if any(True for _ in item.iter_markers("xdist_group")):
             continue
-        if item.get_closest_marker("serial") is not None:
-            item.add_marker(pytest.mark.xdist_group("serial-" + module.rsplit(".", 1)[-1]))
+        name = module.rsplit(".", 1)[-1]
+        if _is_serial(item):
+            item.add_marker(pytest.mark.xdist_group("serial-" + name))
         elif module.startswith(("tests.integration.", "tests.e2e.")):
-            item.add_marker(pytest.mark.xdist_group(module.rsplit(".", 1)[-1]))
+            item.add_marker(pytest.mark.xdist_group(name))
     if getattr(config, "workerinput", None) is not None:
         items[:] = _heaviest_first(items)
 
@@ -83,7 +84,7 @@ def _heaviest_first(items: list[pytest.Item]) -> list[pytest.Item]:
     grouped = [(_group(item), item) for item in items]
     rank: dict[str, int] = {}
     for group, item in grouped:
-        if group.startswith("serial-"):
+        if _is_serial(item):
             r = 3
         elif item.get_closest_marker("slow") is not None:
             r = 0
@@ -94,7 +95,7 @@ def _heaviest_first(items: list[pytest.Item]) -> list[pytest.Item]:
 
 
 def _is_serial(item: pytest.Item) -> bool:
-    return _group(item).startswith("serial-")
+    return item.get_closest_marker("serial") is not None
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -108,8 +109,8 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
         yield
         return
     base = Path(tempfile.gettempdir()) / f"ct-pytest-{workerinput['testrunuid']}"
-    own, other = ("serial", "ordinary") if _is_serial(item) else ("ordinary", "serial")
     mark = item.get_closest_marker("serial")
+    own, other = ("serial", "ordinary") if mark is not None else ("ordinary", "serial")
     alone = mark is not None and mark.kwargs.get("alone", False)
     with (
         open(f"{base}.turnstile", "a") as turnstile,
